@@ -1,0 +1,36 @@
+"""JIT runtime: compile kernel sources into tvm-ffi modules on first use, cached on disk.
+
+Importing this package does not import torch.
+"""
+
+from .cache import ensure_private_dir, file_lock
+from .compile import CudaArch, cuda_arch_list, gencode_flags, parse_cuda_arch_list
+from .config import cache_root, highway_root, include_root, source_root
+from .cpp_args import make_cpp_args
+from .jit import JitSpec, jit, load_cpu_jit, load_cuda_jit, register_spec, registered_specs, resolve_source
+from .key import RUNTIME_FORMAT_VERSION, compute_key
+from .memo import cache_once
+
+__all__ = [
+    "CudaArch",
+    "JitSpec",
+    "RUNTIME_FORMAT_VERSION",
+    "cache_once",
+    "cache_root",
+    "compute_key",
+    "cuda_arch_list",
+    "ensure_private_dir",
+    "file_lock",
+    "gencode_flags",
+    "highway_root",
+    "include_root",
+    "jit",
+    "load_cpu_jit",
+    "load_cuda_jit",
+    "make_cpp_args",
+    "parse_cuda_arch_list",
+    "register_spec",
+    "registered_specs",
+    "resolve_source",
+    "source_root",
+]

@@ -1,0 +1,172 @@
+"""Compiler drivers: flags, CUDA arch handling, command lines, running them."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import config
+
+CPU_CFLAGS = ("-std=c++20", "-O3", "-fPIC", "-fvisibility=hidden")
+CUDA_CFLAGS = ("-std=c++20", "-O3", "-Xcompiler", "-fPIC,-fvisibility=hidden")
+
+
+@functools.cache
+def compiler_identity(compiler: str) -> str:
+    """Resolved path plus `--version` output; part of every key. Cached per process."""
+    resolved = shutil.which(compiler)
+    if resolved is None:
+        raise FileNotFoundError(f"mllm_kernel: compiler {compiler!r} not found (set CXX / MLLM_KERNEL_NVCC)")
+    result = subprocess.run([resolved, "--version"], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"mllm_kernel: `{resolved} --version` failed:\n{result.stderr}")
+    return f"{os.path.realpath(resolved)}\n{result.stdout}"
+
+
+# ----------------------------------------------------------------------------- CUDA archs
+
+
+@dataclass(frozen=True)
+class CudaArch:
+    code: str  # "80", "90a", "100f"
+    embed_ptx: bool = False
+
+    def gencode_flags(self) -> list[str]:
+        flags = [f"-gencode=arch=compute_{self.code},code=sm_{self.code}"]
+        if self.embed_ptx:
+            # PTX of the same virtual arch, so newer GPUs can JIT it.
+            flags.append(f"-gencode=arch=compute_{self.code},code=compute_{self.code}")
+        return flags
+
+
+# "8.6" / "9.0a" (torch style) or "sm_86" / "sm_90a" (nvcc style), then an optional "+PTX".
+_ARCH_TOKEN = re.compile(r"^(?:(?:sm_|compute_)(\d{2,3})|(\d{1,2})\.(\d))([af]?)(\+ptx)?$", re.IGNORECASE)
+
+
+def parse_cuda_arch_list(text: str) -> list[CudaArch]:
+    """Parse "8.0 9.0a", "sm_80;sm_90a", "9.0+PTX" (separators: space, ';' or ',')."""
+    archs: list[CudaArch] = []
+    for token in re.split(r"[\s;,]+", text.strip()):
+        if not token:
+            continue
+        match = _ARCH_TOKEN.match(token)
+        if match is None:
+            raise ValueError(
+                f"bad CUDA arch {token!r} in {config.ENV_CUDA_ARCH_LIST}; "
+                "use forms like '8.0', '9.0a', 'sm_90a', '9.0+PTX'"
+            )
+        sm_digits, major, minor, suffix, ptx = match.groups()
+        code = (sm_digits or major + minor) + suffix.lower()
+        arch = CudaArch(code, embed_ptx=ptx is not None)
+        if arch not in archs:
+            archs.append(arch)
+    if not archs:
+        raise ValueError(f"{config.ENV_CUDA_ARCH_LIST} is set but names no architecture")
+    return archs
+
+
+def cuda_arch_list() -> list[CudaArch]:
+    configured = os.environ.get(config.ENV_CUDA_ARCH_LIST)
+    if configured is not None:
+        return parse_cuda_arch_list(configured)
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            capabilities = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+            return [CudaArch(f"{major}{minor}") for major, minor in capabilities]
+    except ImportError:
+        pass
+    raise RuntimeError(
+        "mllm_kernel: no visible CUDA GPU to pick target architectures from; set "
+        f"{config.ENV_CUDA_ARCH_LIST} (e.g. '8.0 9.0a' or 'sm_80;sm_90a', '+PTX' to embed PTX)"
+    )
+
+
+def gencode_flags(archs: Sequence[CudaArch]) -> list[str]:
+    return [flag for arch in archs for flag in arch.gencode_flags()]
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _include_flags(include_paths: Sequence[Path]) -> list[str]:
+    return [f"-I{path}" for path in include_paths]
+
+
+def cxx_compile_command(
+    cxx: str, source: Path, obj: Path, include_paths: Sequence[Path], cflags: Sequence[str]
+) -> list[str]:
+    return [cxx, *cflags, *_include_flags(include_paths), "-c", str(source), "-o", str(obj)]
+
+
+def nvcc_compile_command(
+    nvcc: str, cxx: str, source: Path, obj: Path, include_paths: Sequence[Path], cuda_cflags: Sequence[str]
+) -> list[str]:
+    return [nvcc, "-ccbin", cxx, *cuda_cflags, *_include_flags(include_paths), "-c", str(source), "-o", str(obj)]
+
+
+def cxx_link_command(cxx: str, objs: Sequence[Path], output: Path, tvm_lib: Path, ldflags: Sequence[str]) -> list[str]:
+    libdir = tvm_lib.parent
+    return [
+        cxx, "-shared", *map(str, objs), "-o", str(output),
+        "-Wl,--no-undefined", f"-L{libdir}", "-ltvm_ffi", f"-Wl,-rpath,{libdir}", *ldflags,
+    ]  # fmt: skip
+
+
+def nvcc_link_command(
+    nvcc: str, cxx: str, objs: Sequence[Path], output: Path, tvm_lib: Path, ldflags: Sequence[str]
+) -> list[str]:
+    libdir = tvm_lib.parent
+    return [
+        nvcc, "-ccbin", cxx, "-shared", "-cudart=static", *map(str, objs), "-o", str(output),
+        "-Xlinker", "--no-undefined", f"-L{libdir}", "-ltvm_ffi", "-Xlinker", f"-rpath,{libdir}", *ldflags,
+    ]  # fmt: skip
+
+
+@functools.cache
+def cuda_toolkit_includes(nvcc: str) -> tuple[Path, ...]:
+    """nvcc's own include dirs, so plain C++ wrapper TUs can include cuda_runtime.h.
+
+    Asked from `nvcc --dryrun` because nvcc may be a wrapper script outside the toolkit."""
+    result = subprocess.run(
+        [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull], capture_output=True, text=True
+    )
+    for line in (result.stderr + result.stdout).splitlines():
+        if line.startswith("#$ INCLUDES="):
+            paths = re.findall(r'-I"?([^"\s]+)"?', line)
+            return tuple(Path(p).resolve() for p in paths if Path(p).is_dir())
+    return ()
+
+
+def _run(command: list[str], module_name: str, cwd: Path) -> None:
+    if config.is_verbose():
+        print(f"mllm_kernel: [{module_name}] {shlex.join(command)}", file=sys.stderr, flush=True)
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"mllm_kernel: building {module_name} failed (exit code {result.returncode})\n"
+            f"command: {shlex.join(command)}\n"
+            f"{result.stderr}{result.stdout}"
+        )
+    if config.is_verbose() and (result.stderr or result.stdout):
+        print(result.stderr + result.stdout, file=sys.stderr, end="", flush=True)
+
+
+def run_build(compile_commands: Sequence[list[str]], link_command: list[str], module_name: str, cwd: Path) -> None:
+    """Compile the translation units in parallel, then link."""
+    workers = max(1, min(len(compile_commands), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_run, command, module_name, cwd) for command in compile_commands]
+        for future in futures:
+            future.result()  # re-raise the first failure
+    _run(link_command, module_name, cwd)
