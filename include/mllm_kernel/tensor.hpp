@@ -396,6 +396,15 @@ class TensorMatcher {
   SymbolicDevice* device_ = nullptr;
 };
 
+/*!
+ * \brief The first element of a tensor as T*, honouring DLPack's byte_offset (torch views may
+ * carry one). Use only after TensorMatcher checked the dtype.
+ */
+template <typename T>
+inline T* data_ptr(tvm::ffi::TensorView t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
+}
+
 }  // namespace mllm_kernel::host
 
 #endif  // MLLM_KERNEL_TENSOR_HPP_

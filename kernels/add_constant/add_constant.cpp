@@ -42,10 +42,6 @@ inline int64_t VerifyAddConstantArgs(tvm::ffi::TensorView dst, tvm::ffi::TensorV
   return n.unwrap();
 }
 
-template <typename T>
-inline T* DataPtr(tvm::ffi::TensorView t) {
-  return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
-}
 }  // namespace detail
 
 /*! \brief dst = src + C for float32 1-D contiguous CPU tensors; C in {1, 2, 4, 8, 16}. */
@@ -58,7 +54,7 @@ void add_constant(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
   // A function-local table per C: the per-target AddConstant<C> instantiations.
   HWY_EXPORT_T(AddConstantTable, AddConstant<C>);
   HWY_DYNAMIC_DISPATCH_T(AddConstantTable)
-  (detail::DataPtr<float>(dst), detail::DataPtr<const float>(src), static_cast<size_t>(n));
+  (host::data_ptr<float>(dst), host::data_ptr<const float>(src), static_cast<size_t>(n));
 }
 
 /*! \brief dst = src + c (c rounded to float32) for float32 1-D contiguous CPU tensors. */
@@ -66,7 +62,7 @@ inline void add_constant_runtime(tvm::ffi::TensorView dst, tvm::ffi::TensorView 
   const int64_t n = detail::VerifyAddConstantArgs(dst, src);
   if (n == 0) return;
   HWY_DYNAMIC_DISPATCH(AddConstantRuntime)
-  (detail::DataPtr<float>(dst), detail::DataPtr<const float>(src), static_cast<size_t>(n),
+  (host::data_ptr<float>(dst), host::data_ptr<const float>(src), static_cast<size_t>(n),
    static_cast<float>(c));
 }
 

@@ -52,10 +52,6 @@ __global__ void AddConstantKernel(int32_t* dst, const int32_t* src, int64_t n) {
   device::pdl_launch_dependents();
 }
 
-template <typename T>
-inline T* DataPtr(tvm::ffi::TensorView t) {
-  return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
-}
 
 }  // namespace detail
 
@@ -74,8 +70,8 @@ void add_constant(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
   const int64_t num = n.unwrap();
   if (num == 0) return;  // a zero-block grid is a launch error
 
-  int32_t* out = detail::DataPtr<int32_t>(dst);
-  const int32_t* in = detail::DataPtr<const int32_t>(src);
+  int32_t* out = host::data_ptr<int32_t>(dst);
+  const int32_t* in = host::data_ptr<const int32_t>(src);
   const bool vectorized = device::is_aligned<16>(out) && device::is_aligned<16>(in);
   constexpr int kThreads = 256;
   // Enough blocks to fill any current GPU several times; the grid-stride loop covers the rest.

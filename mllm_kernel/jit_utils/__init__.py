@@ -5,7 +5,7 @@ Importing this package does not import torch.
 
 from .cache import ensure_private_dir, file_lock
 from .compile import CudaArch, cuda_arch_list, gencode_flags, parse_cuda_arch_list
-from .config import cache_root, highway_root, include_root, source_root
+from .config import cache_root, highway_root, include_root, source_roots
 from .cpp_args import make_cpp_args
 from .jit import JitSpec, jit, load_cpu_jit, load_cuda_jit, register_spec, registered_specs, resolve_source
 from .key import RUNTIME_FORMAT_VERSION, compute_key
@@ -32,5 +32,5 @@ __all__ = [
     "register_spec",
     "registered_specs",
     "resolve_source",
-    "source_root",
+    "source_roots",
 ]

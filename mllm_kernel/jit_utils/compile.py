@@ -38,18 +38,42 @@ def compiler_identity(compiler: str) -> str:
 @dataclass(frozen=True)
 class CudaArch:
     code: str  # "80", "90a", "100f"
-    embed_ptx: bool = False
+    embed_ptx: bool = False  # also embed PTX of this virtual arch, so newer GPUs can JIT it
+    ptx_only: bool = False  # "compute_90": PTX alone, no machine code
 
     def gencode_flags(self) -> list[str]:
-        flags = [f"-gencode=arch=compute_{self.code},code=sm_{self.code}"]
-        if self.embed_ptx:
-            # PTX of the same virtual arch, so newer GPUs can JIT it.
+        flags = [] if self.ptx_only else [f"-gencode=arch=compute_{self.code},code=sm_{self.code}"]
+        if self.embed_ptx or self.ptx_only:
             flags.append(f"-gencode=arch=compute_{self.code},code=compute_{self.code}")
         return flags
 
+    def names(self) -> list[str]:
+        """nvcc-style names of what gets embedded: ["sm_90a"], ["sm_90", "compute_90"], ..."""
+        return ([] if self.ptx_only else [f"sm_{self.code}"]) + (
+            [f"compute_{self.code}"] if self.embed_ptx or self.ptx_only else []
+        )
 
-# "8.6" / "9.0a" (torch style) or "sm_86" / "sm_90a" (nvcc style), then an optional "+PTX".
-_ARCH_TOKEN = re.compile(r"^(?:(?:sm_|compute_)(\d{2,3})|(\d{1,2})\.(\d))([af]?)(\+ptx)?$", re.IGNORECASE)
+
+def runs_on(embedded: Sequence[str], capability: tuple[int, int]) -> bool:
+    """Whether a module with these embedded targets (nvcc names) runs on a GPU of this compute
+    capability: machine code for exactly that capability ("a"/"f" variants included), or PTX of
+    an older or equal virtual arch (not arch-specific "a" PTX) that the driver can JIT."""
+    cc = capability[0] * 10 + capability[1]
+    for name in embedded:
+        match = re.fullmatch(r"(sm|compute)_(\d+)([af]?)", name)
+        if match is None:
+            continue
+        kind, digits, suffix = match.groups()
+        if kind == "sm" and int(digits) == cc:
+            return True
+        if kind == "compute" and not suffix and int(digits) <= cc:
+            return True
+    return False
+
+
+# "8.6" / "9.0a" (torch style) or "sm_86" / "sm_90a" / "compute_90" (nvcc style), then an
+# optional "+PTX".
+_ARCH_TOKEN = re.compile(r"^(?:(sm_|compute_)(\d{2,3})|(\d{1,2})\.(\d))([af]?)(\+ptx)?$", re.IGNORECASE)
 
 
 def parse_cuda_arch_list(text: str) -> list[CudaArch]:
@@ -64,9 +88,10 @@ def parse_cuda_arch_list(text: str) -> list[CudaArch]:
                 f"bad CUDA arch {token!r} in {config.ENV_CUDA_ARCH_LIST}; "
                 "use forms like '8.0', '9.0a', 'sm_90a', '9.0+PTX'"
             )
-        sm_digits, major, minor, suffix, ptx = match.groups()
+        prefix, sm_digits, major, minor, suffix, ptx = match.groups()
         code = (sm_digits or major + minor) + suffix.lower()
-        arch = CudaArch(code, embed_ptx=ptx is not None)
+        ptx_only = (prefix or "").lower() == "compute_"
+        arch = CudaArch(code, embed_ptx=ptx is not None and not ptx_only, ptx_only=ptx_only)
         if arch not in archs:
             archs.append(arch)
     if not archs:
@@ -119,8 +144,8 @@ def cxx_link_command(cxx: str, objs: Sequence[Path], output: Path, tvm_lib: Path
     libdir = tvm_lib.parent
     return [
         cxx, "-shared", *map(str, objs), "-o", str(output),
-        "-Wl,--no-undefined", f"-L{libdir}", "-ltvm_ffi", f"-Wl,-rpath,{libdir}", *ldflags,
-    ]  # fmt: skip
+        "-Wl,--no-undefined", f"-L{libdir}", "-ltvm_ffi", *ldflags,
+    ]  # fmt: skip (no rpath: tvm_ffi has loaded libtvm_ffi.so, soname libtvm_ffi.so, before any module)
 
 
 def nvcc_link_command(
@@ -129,7 +154,7 @@ def nvcc_link_command(
     libdir = tvm_lib.parent
     return [
         nvcc, "-ccbin", cxx, "-shared", "-cudart=static", *map(str, objs), "-o", str(output),
-        "-Xlinker", "--no-undefined", f"-L{libdir}", "-ltvm_ffi", "-Xlinker", f"-rpath,{libdir}", *ldflags,
+        "-Xlinker", "--no-undefined", f"-L{libdir}", "-ltvm_ffi", *ldflags,
     ]  # fmt: skip
 
 

@@ -10,17 +10,20 @@ import os
 import shutil
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent  # .../mllm_kernel
+# Not resolve(): under Bazel the package is a tree of symlinks, and the runfiles are what we mean.
+PACKAGE_DIR = Path(os.path.abspath(__file__)).parent.parent  # .../mllm_kernel
 REPO_DIR = PACKAGE_DIR.parent  # only meaningful in a dev checkout
 
 ENV_CACHE_DIR = "MLLM_KERNEL_CACHE_DIR"
 ENV_SOURCE_ROOT = "MLLM_KERNEL_SOURCE_ROOT"
 ENV_INCLUDE_ROOT = "MLLM_KERNEL_INCLUDE_ROOT"
 ENV_HIGHWAY_ROOT = "MLLM_KERNEL_HIGHWAY_ROOT"
+ENV_HIGHWAY_HEADER = "MLLM_KERNEL_HIGHWAY_HEADER"
 ENV_CUDA_ARCH_LIST = "MLLM_KERNEL_CUDA_ARCH_LIST"
 ENV_DISABLE_JIT = "MLLM_KERNEL_DISABLE_JIT"
 ENV_VERBOSE = "MLLM_KERNEL_VERBOSE"
 ENV_NVCC = "MLLM_KERNEL_NVCC"
+ENV_PREBUILT = "MLLM_KERNEL_PREBUILT"
 
 _TRUE_VALUES = {"1", "true", "yes", "on"}
 
@@ -62,8 +65,15 @@ def _find_root(what: str, env_name: str, candidates: list[Path], marker: str | N
     raise FileNotFoundError(f"cannot find the {what} directory; looked in {looked}; set {env_name}")
 
 
-def source_root() -> Path:
-    return _find_root("kernel source", ENV_SOURCE_ROOT, [PACKAGE_DIR / "_kernels", REPO_DIR / "kernels"])
+def source_roots() -> list[Path]:
+    """Where kernel folders live, searched in order: $MLLM_KERNEL_SOURCE_ROOT, else the search
+    path of the mllm_kernel.kernels package (the wheel's copy, then a checkout's kernels/)."""
+    configured = os.environ.get(ENV_SOURCE_ROOT)
+    if configured:
+        return [_find_root("kernel source", ENV_SOURCE_ROOT, [])]
+    import mllm_kernel.kernels
+
+    return [Path(p) for p in mllm_kernel.kernels.__path__ if Path(p).is_dir()]
 
 
 def include_root() -> Path:
@@ -73,20 +83,47 @@ def include_root() -> Path:
 
 
 def highway_root() -> Path:
-    """The directory that contains `hwy/` (Highway's headers and its runtime sources)."""
+    """The directory that contains `hwy/` (Highway's headers and its runtime sources).
+    Bazel targets name files, not folders, so they may give $MLLM_KERNEL_HIGHWAY_HEADER
+    (the path of hwy/highway.h) instead of $MLLM_KERNEL_HIGHWAY_ROOT."""
+    header = os.environ.get(ENV_HIGHWAY_HEADER)
+    if header and not os.environ.get(ENV_HIGHWAY_ROOT):
+        return Path(os.path.dirname(os.path.dirname(os.path.abspath(header))))
     return _find_root(
         "Highway", ENV_HIGHWAY_ROOT, [PACKAGE_DIR / "_vendor" / "highway"], marker="hwy/highway.h"
     )
 
 
+def prebuilt_manifests() -> list[Path]:
+    """Manifests of prebuilt modules: $MLLM_KERNEL_PREBUILT (manifest files or the folders holding
+    them, os.pathsep-separated; Bazel sets it for tests and `bazel run`), then the wheel's."""
+    manifests = []
+    for item in filter(None, os.environ.get(ENV_PREBUILT, "").split(os.pathsep)):
+        path = Path(os.path.abspath(item))
+        path = path / "manifest.json" if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(f"{ENV_PREBUILT} names {item!r}, which holds no manifest.json")
+        manifests.append(path)
+    packaged = PACKAGE_DIR / "_prebuilt" / "manifest.json"
+    if packaged.is_file():
+        manifests.append(packaged)
+    return manifests
+
+
+def _absolute_if_path(command: str) -> str:
+    # Builds run in their own working directory: a relative path to a compiler must not change
+    # meaning there. Bare names ("g++") are looked up on PATH as usual.
+    return os.path.abspath(command) if os.sep in command else command
+
+
 def cxx_compiler() -> str:
-    return os.environ.get("CXX") or "c++"
+    return _absolute_if_path(os.environ.get("CXX") or "c++")
 
 
 def nvcc_compiler() -> str:
     configured = os.environ.get(ENV_NVCC)
     if configured:
-        return configured
+        return _absolute_if_path(configured)
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if cuda_home and (Path(cuda_home) / "bin" / "nvcc").exists():
         return str(Path(cuda_home) / "bin" / "nvcc")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import shutil
 import sys
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cache, compile, config
+from . import cache, compile, config, prebuilt
 from .cpp_args import make_cpp_args
 from .key import compute_key, sanitize_name
 from .memo import cache_once
@@ -36,14 +37,15 @@ def resolve_source(name: str | Path) -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"mllm_kernel: kernel source {path} does not exist")
         return path.resolve()
-    root = config.source_root()
-    resolved = root / path
-    if not resolved.is_file():
-        raise FileNotFoundError(
-            f"mllm_kernel: kernel source {str(name)!r} not found under the source root {root} "
-            f"(set {config.ENV_SOURCE_ROOT} to change it)"
-        )
-    return resolved.resolve()
+    roots = config.source_roots()
+    for root in roots:
+        if (root / path).is_file():
+            # abspath, not resolve(): under Bazel the runfiles tree is what this build may read.
+            return Path(os.path.abspath(root / path))
+    raise FileNotFoundError(
+        f"mllm_kernel: kernel source {str(name)!r} not found under the source roots "
+        f"{[str(r) for r in roots]} (set {config.ENV_SOURCE_ROOT} to change it)"
+    )
 
 
 def render_wrapper(included_files: Sequence[str], wrappers: Sequence[Wrapper]) -> str:
@@ -64,6 +66,9 @@ def render_wrapper(included_files: Sequence[str], wrappers: Sequence[Wrapper]) -
 @dataclass(frozen=True)
 class ModuleLocation:
     key: str
+    source_key: str
+    root: Path  # the cache root (or a prebuilt tree being written)
+    archs: tuple[compile.CudaArch, ...]  # CUDA targets to embed; () for CPU modules
     module_dir: Path  # <root>/<display name>/<key[:16]>
     module_path: Path  # .../module.so
     lock_path: Path
@@ -102,7 +107,9 @@ class JitSpec:
         args = f"_{self.cpp_args}" if self.cpp_args else ""
         return sanitize_name(f"{self.device}_{self.name}{args}")
 
-    def include_paths(self) -> list[Path]:
+    def include_paths(self, with_toolkit: bool = True) -> list[Path]:
+        """Search path of the build. with_toolkit=False leaves out the CUDA toolkit's headers,
+        which the key covers through the compiler's identity instead."""
         tvm_includes, _ = config.tvm_ffi_paths()
         paths = [config.include_root()]
         paths += [Path(p).resolve() for p in self.extra_include_paths]
@@ -110,7 +117,7 @@ class JitSpec:
         paths += tvm_includes
         if self.device == "cpu":
             paths.append(config.highway_root())
-        elif self.cpp_wrappers:
+        elif self.cpp_wrappers and with_toolkit:
             paths += compile.cuda_toolkit_includes(config.nvcc_compiler())
         return list(dict.fromkeys(paths))  # dedupe, keep the search order
 
@@ -130,14 +137,13 @@ class JitSpec:
             return []
         return [config.highway_root() / name for name in HIGHWAY_RUNTIME_SOURCES]
 
-    def flags(self) -> dict[str, list[str]]:
+    def flags(self, archs: Sequence[compile.CudaArch] = ()) -> dict[str, list[str]]:
         flags = {
             "cflags": [*compile.CPU_CFLAGS, *self.extra_cflags],
             "ldflags": list(self.extra_ldflags),
         }
         if self.device == "cuda":
-            gencode = compile.gencode_flags(compile.cuda_arch_list())
-            flags["cuda_cflags"] = [*compile.CUDA_CFLAGS, *gencode, *self.extra_cuda_cflags]
+            flags["cuda_cflags"] = [*compile.CUDA_CFLAGS, *compile.gencode_flags(archs), *self.extra_cuda_cflags]
         return flags
 
     def _compilers(self) -> dict[str, str]:
@@ -146,13 +152,12 @@ class JitSpec:
             compilers["nvcc"] = config.nvcc_compiler()
         return compilers
 
-    # ------------------------------------------------------------------ key and location
+    # ------------------------------------------------------------------ keys and location
 
-    def key(self) -> str:
-        return self.location().key
-
-    def location(self) -> ModuleLocation:
-        compilers = self._compilers()
+    def source_key(self) -> str:
+        """sha256 of what the module is made of: sources and every header they reach, the
+        generated wrappers, template args, flags and the tvm-ffi version. It needs no compiler,
+        so a machine without one can still match prebuilt modules (see find_prebuilt)."""
         texts = [
             ("device", self.device),
             ("name", self.name),
@@ -160,14 +165,33 @@ class JitSpec:
             ("flags", json.dumps(self.flags(), sort_keys=True)),
             ("tvm-ffi", config.tvm_ffi_version()),
         ]
-        texts += [(f"compiler-{role}", compile.compiler_identity(path)) for role, path in sorted(compilers.items())]
         # Hash the wrappers as spelled by the user: absolute paths would make keys machine-specific.
         texts += [(f"wrapper{suffix}", render_wrapper(files, exports)) for suffix, files, exports in self._wrapper_units()]
         sources = [resolve_source(f) for f in self.cpp_files + self.cuda_files] + self._extra_sources()
-        key = compute_key(sources=sources, include_paths=self.include_paths(), texts=texts)
-        module_dir = config.cache_root() / self.display_name / key[:KEY_DIR_LEN]
+        return compute_key(sources=sources, include_paths=self.include_paths(with_toolkit=False), texts=texts)
+
+    def key(self) -> str:
+        return self.location().key
+
+    def location(
+        self, root: Path | None = None, archs: Sequence[compile.CudaArch] | None = None, source_key: str | None = None
+    ) -> ModuleLocation:
+        """Where the module for this machine lives: the cache key adds the compilers' identity
+        and the CUDA targets (default: MLLM_KERNEL_CUDA_ARCH_LIST or the visible GPUs)."""
+        source_key = source_key or self.source_key()
+        if self.device == "cuda" and archs is None:
+            archs = compile.cuda_arch_list()
+        archs = tuple(archs or ())
+        texts = [("source-key", source_key), ("cuda-archs", " ".join(compile.gencode_flags(archs)))]
+        texts += [(f"compiler-{role}", compile.compiler_identity(path)) for role, path in sorted(self._compilers().items())]
+        key = compute_key(sources=[], include_paths=[], texts=texts)
+        root = root or config.cache_root()
+        module_dir = root / self.display_name / key[:KEY_DIR_LEN]
         return ModuleLocation(
             key=key,
+            source_key=source_key,
+            root=root,
+            archs=archs,
             module_dir=module_dir,
             module_path=module_dir / MODULE_FILE,
             lock_path=cache.lock_path_for(module_dir),
@@ -189,8 +213,7 @@ class JitSpec:
         location = location or self.location()
         if location.module_path.is_file():
             return location.module_path
-        root = config.cache_root()
-        parent = cache.ensure_private_dir(location.module_dir.parent, root)
+        parent = cache.ensure_private_dir(location.module_dir.parent, location.root)
         tag = location.module_dir.name
         with cache.file_lock(location.lock_path, self.display_name):
             if location.module_path.is_file():  # another process published while we waited
@@ -209,7 +232,7 @@ class JitSpec:
         compilers = self._compilers()
         cxx = compilers["cxx"]
         nvcc = compilers.get("nvcc")
-        flags = self.flags()
+        flags = self.flags(location.archs)
         include_paths = self.include_paths()
         _, tvm_lib = config.tvm_ffi_paths()
 
@@ -252,27 +275,45 @@ class JitSpec:
         print(f"mllm_kernel: compiled {self.display_name} in {elapsed:.1f}s", file=sys.stderr, flush=True)
 
     def load(self) -> Any:
-        """Return the loaded tvm_ffi Module, building it first unless JIT is disabled."""
-        location = self.location()
+        """Return the loaded tvm_ffi Module: a prebuilt one if its source key matches, else the
+        JIT cache's, compiling it first unless MLLM_KERNEL_DISABLE_JIT is set."""
+        source_key = self.source_key()
+        path = prebuilt.find_prebuilt(self.display_name, self.device, source_key)
+        if path is None:
+            try:
+                location = self.location(source_key=source_key)
+            except (FileNotFoundError, RuntimeError) as error:  # no compiler / no GPU to target here
+                if not config.is_jit_disabled():
+                    raise
+                location, why = None, f" The JIT cache cannot be consulted either: {error}"
+            if location is None or not location.module_path.is_file():
+                if config.is_jit_disabled():
+                    where = f", expected at {location.module_path}" if location else ""
+                    raise RuntimeError(
+                        f"mllm_kernel: module {self.display_name} is neither prebuilt nor in the JIT cache, "
+                        f"and {config.ENV_DISABLE_JIT}=1 forbids compiling it (source key {source_key}{where})."
+                        f"{why if location is None else ''} Prebuild it: add it to its kernel's `prebuild` list "
+                        f"and rebuild the wheel (bazel build //:wheel), or run once without "
+                        f"{config.ENV_DISABLE_JIT} using the same {config.ENV_CACHE_DIR}."
+                    )
+                self.build(location)
+            path = location.module_path
         with _loaded_lock:
-            module = _loaded_modules.get(location.module_path)
-        if module is not None:
-            return module
-        if not location.module_path.is_file():
-            if config.is_jit_disabled():
-                raise RuntimeError(
-                    f"mllm_kernel: module {self.display_name} is not in the cache and "
-                    f"{config.ENV_DISABLE_JIT}=1 forbids compiling it (key {location.key}, expected at "
-                    f"{location.module_path}). Prebuild it by running once without "
-                    f"{config.ENV_DISABLE_JIT} using the same {config.ENV_CACHE_DIR}, or install a "
-                    "build that ships it prebuilt."
-                )
-            self.build(location)
-        import tvm_ffi
+            module = _loaded_modules.get(path)
+            if module is None:
+                import tvm_ffi
 
-        module = tvm_ffi.load_module(str(location.module_path))
-        with _loaded_lock:
-            return _loaded_modules.setdefault(location.module_path, module)
+                module = _loaded_modules[path] = tvm_ffi.load_module(str(path))
+        return module
+
+    def status(self) -> str:
+        """'prebuilt', 'jit-cached' or 'not built' on this machine (for show-config)."""
+        source_key = self.source_key()
+        if prebuilt.find_prebuilt(self.display_name, self.device, source_key) is not None:
+            return "prebuilt"
+        if self.location(source_key=source_key).module_path.is_file():
+            return "jit-cached"
+        return "not built"
 
     def describe(self) -> dict[str, Any]:
         """For tooling (show-config): what the spec is and where its module lives."""
@@ -287,6 +328,10 @@ class JitSpec:
             info.update(key=location.key, path=str(location.module_path), cached=location.module_path.is_file())
         except (OSError, RuntimeError, ValueError) as error:  # e.g. no compiler or no GPU here
             info.update(key=None, path=None, cached=False, error=str(error))
+        try:
+            info["status"] = self.status()
+        except (OSError, RuntimeError, ValueError) as error:
+            info["status"] = f"unknown ({error})"
         return info
 
 

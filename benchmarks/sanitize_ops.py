@@ -1,0 +1,71 @@
+"""Calls every CUDA op once per dtype on small, awkward inputs (odd sizes, unaligned views) so
+that `compute-sanitizer --tool memcheck python3 benchmarks/sanitize_ops.py` checks each kernel's
+memory accesses. Prints one line per op; exits non-zero if an op raises."""
+
+import sys
+
+import torch
+
+import mllm_kernel as mk
+from mllm_kernel.cuda.jit import add_constant
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def unaligned(shape, dtype):
+    # A view one element into a larger buffer: exercises the scalar (non-16-byte) paths.
+    flat = torch.randn(int(torch.tensor(shape).prod()) + 1, device="cuda", dtype=dtype)
+    return flat[1:].view(shape)
+
+
+def run_all():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    add_constant(torch.arange(1001, dtype=torch.int32, device="cuda"), 1)
+    yield "add_constant"
+    for dtype in DTYPES:
+        for rows, hidden in ((3, 1000), (5, 4096), (2, 8193)):
+            for x in (torch.randn(rows, hidden, device="cuda", dtype=dtype), unaligned((rows, hidden), dtype)):
+                w = torch.randn(hidden, device="cuda", dtype=dtype)
+                mk.rms_norm(x, w)
+                mk.fused_add_rms_norm(x.clone(), x.clone(), w)
+                mk.silu_and_mul(x[:, : hidden // 2 * 2])
+                mk.gelu_and_mul(x[:, : hidden // 2 * 2], approximate="tanh")
+                mk.softmax(x, temperature=0.7)
+                mk.log_softmax(x)
+        yield f"norm/activation/softmax {dtype}"
+        logits = torch.randn(4, 32001, device="cuda", dtype=dtype, generator=g)
+        mk.greedy_sample(logits)
+        mk.top_k_top_p_sample(logits, 50, 0.9, generator=g)
+        mk.top_k_top_p_sample(logits, torch.tensor([0, 1, 7, 32001], device="cuda"),
+                              torch.tensor([1.0, 0.5, 0.9, 0.01], device="cuda"), generator=g)
+        mk.min_p_sample(torch.softmax(logits.float(), -1).to(dtype), 0.1, generator=g)
+        yield f"sampling {dtype}"
+        tokens, heads, kv_heads, head_dim = 7, 8, 2, 80
+        qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device="cuda", dtype=dtype)
+        q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+        k = qkv[:, heads * head_dim: (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+        cache = torch.randn(64, 64, device="cuda", dtype=torch.float32)
+        positions = torch.randint(0, 64, (tokens,), device="cuda")
+        mk.apply_rope(q, k, positions, cache, is_neox=True)
+        mk.apply_rope(q, k, positions, cache, is_neox=False)
+        yield f"rope {dtype}"
+        kv = torch.randn(tokens, kv_heads, head_dim, device="cuda", dtype=dtype)
+        k_cache = torch.zeros(3, 4, kv_heads, head_dim, device="cuda", dtype=dtype)
+        v_cache = torch.zeros_like(k_cache)
+        slots = torch.tensor([0, 5, -1, 11, 3, -1, 7], device="cuda")
+        mk.store_kv_cache(kv, kv, k_cache, v_cache, slots)
+        yield f"kv_cache {dtype}"
+        table = torch.randn(1000, 129, device="cuda", dtype=dtype)
+        mk.embedding(torch.randint(0, 1000, (3, 5), device="cuda"), table)
+        yield f"embedding {dtype}"
+
+
+def main() -> int:
+    for name in run_all():
+        torch.cuda.synchronize()
+        print(f"ok  {name}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Gated activations for CPU (Highway) and CUDA: x [..., 2d] -> act(x[..., :d]) * x[..., d:].
+
+silu_and_mul: act = x * sigmoid(x). gelu_and_mul: act = exact (erf) gelu, or its tanh
+approximation with approximate="tanh" (as torch.nn.functional.gelu). Math in float32 for every
+dtype; each output is rounded once to x's dtype. x needs a unit stride along the last dim;
+leading dims are flattened with views only (a row stride is passed to the kernel, no copy).
+"""
+
+import math
+
+import torch
+
+from mllm_kernel.jit_utils import JitSpec, cache_once
+
+_EXPORTS = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
+
+SPECS = {
+    "cpu": JitSpec(
+        name="activation",
+        device="cpu",
+        cpp_files=("activation/activation.cpp",),
+        cpp_wrappers=tuple((name, f"mllm_kernel::cpu::{name}") for name in _EXPORTS),
+    ),
+    "cuda": JitSpec(
+        name="activation",
+        device="cuda",
+        cuda_files=("activation/activation.cuh",),
+        cuda_wrappers=tuple((name, f"mllm_kernel::gpu::{name}") for name in _EXPORTS),
+    ),
+}
+
+_GELU_APPROXIMATE = ("none", "tanh")
+
+
+@cache_once
+def _module(device_type: str):
+    return SPECS[device_type].load()
+
+
+def _device_type(op: str, t: torch.Tensor) -> str:
+    if t.device.type not in SPECS:
+        raise ValueError(f"{op}: unsupported device {t.device}; expected a cpu or cuda tensor")
+    return t.device.type
+
+
+def _out_shape(op: str, x: torch.Tensor) -> list[int]:
+    if x.dim() == 0 or x.shape[-1] % 2 != 0:
+        raise ValueError(f"{op}: x must be [..., 2*d] with an even last dim, got shape {tuple(x.shape)}")
+    return [*x.shape[:-1], x.shape[-1] // 2]
+
+
+def _rows(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    """[..., n] as a [rows, n] view (never a copy)."""
+    if t.dim() == 2:
+        return t
+    try:
+        return t.view(math.prod(t.shape[:-1]), t.shape[-1])
+    except RuntimeError as error:
+        raise ValueError(
+            f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be "
+            "viewed as [rows, n] without a copy; pass a contiguous tensor"
+        ) from error
+
+
+def _run(op: str, export: str, x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(_out_shape(op, x), dtype=x.dtype, device=x.device)
+    getattr(_module(_device_type(op, x)), export)(_rows(op, "out", out), _rows(op, "x", x))
+    return out
+
+
+@torch.library.custom_op("mllm_kernel::silu_and_mul", mutates_args=())
+def _silu_and_mul_op(x: torch.Tensor) -> torch.Tensor:
+    return _run("silu_and_mul", "silu_and_mul", x)
+
+
+@_silu_and_mul_op.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(_out_shape("silu_and_mul", x))
+
+
+@torch.library.custom_op("mllm_kernel::gelu_and_mul", mutates_args=())
+def _gelu_and_mul_op(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    if approximate not in _GELU_APPROXIMATE:
+        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    export = "gelu_tanh_and_mul" if approximate == "tanh" else "gelu_and_mul"
+    return _run("gelu_and_mul", export, x)
+
+
+@_gelu_and_mul_op.register_fake
+def _(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    return x.new_empty(_out_shape("gelu_and_mul", x))
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
+    _device_type("silu_and_mul", x)
+    return _silu_and_mul_op(x)
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """x [..., 2d] -> gelu(x[..., :d], approximate) * x[..., d:]; approximate: "none" | "tanh"."""
+    if approximate not in _GELU_APPROXIMATE:
+        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    _device_type("gelu_and_mul", x)
+    return _gelu_and_mul_op(x, approximate)

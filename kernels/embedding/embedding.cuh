@@ -1,0 +1,143 @@
+/*!
+ * \file kernels/embedding/embedding.cuh
+ * \brief CUDA embedding lookup: out[i] = table[ids[i]], on torch's current stream.
+ *
+ * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
+ * TVM_FFI_DLL_EXPORT_TYPED_FUNC(embedding, mllm_kernel::gpu::embedding).
+ *
+ * Out-of-range ids: never read. The row of an id < 0 or >= vocab is written with zeros and
+ * recorded in `error` (int64 [3]: {flag, flattened position, id}; the first reporter wins,
+ * later ones keep it). The host never reads it here (no sync): the Python wrapper does.
+ */
+#ifndef MLLM_KERNEL_KERNELS_EMBEDDING_CUH_
+#define MLLM_KERNEL_KERNELS_EMBEDDING_CUH_
+
+#include <mllm_kernel/tensor.hpp>
+#include <mllm_kernel/utils.cuh>
+#include <mllm_kernel/utils.hpp>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace mllm_kernel::gpu {
+
+namespace embedding_detail {
+
+// error: {flag, index, value}. Only the first reporter (flag 0 -> 1) writes index and value.
+__device__ __forceinline__ void ReportError(int64_t* error, int64_t index, int64_t value) {
+  auto* flag = reinterpret_cast<unsigned long long*>(error);
+  if (atomicCAS(flag, 0ull, 1ull) == 0ull) {
+    error[1] = index;
+    error[2] = value;
+  }
+}
+
+// Block (G, R): R rows at a time, G threads copying each row in units of U (the widest of
+// 16/8/4/2 bytes that every pointer, stride and row size allows). Sizes/strides in units of U.
+template <typename U, typename IdT>
+__global__ void EmbeddingKernel(U* __restrict__ out, const U* __restrict__ table,
+                                const IdT* __restrict__ ids, int64_t n, int64_t vocab,
+                                int64_t row_units, int64_t table_stride, int64_t* error) {
+  device::pdl_wait_primary();  // ids may come from the previous kernel
+  const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < n;
+       r += row_step) {
+    const auto id = static_cast<int64_t>(ids[r]);
+    U* dst = out + r * row_units;
+    if (id < 0 || id >= vocab) {
+      if (threadIdx.x == 0) ReportError(error, r, id);
+      const U zero{};  // value-initialized: all bytes 0
+      for (int64_t i = threadIdx.x; i < row_units; i += blockDim.x) dst[i] = zero;
+      continue;
+    }
+    const U* src = table + id * table_stride;
+    for (int64_t i = threadIdx.x; i < row_units; i += blockDim.x) dst[i] = src[i];
+  }
+  device::pdl_launch_dependents();
+}
+
+template <typename U, typename IdT>
+void LaunchEmbedding(DLDevice device, void* out, const void* table, const IdT* ids, int64_t n,
+                     int64_t vocab, int64_t row_bytes, int64_t table_stride_bytes, int64_t* error) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  constexpr int64_t kU = sizeof(U);
+  const int64_t row_units = row_bytes / kU;
+  constexpr int64_t kThreads = 256;
+  constexpr int64_t kMaxBlocks = 1 << 20;  // grid-stride loop covers more rows
+  // Threads per row: the row's unit count rounded up to a power of 2, at most the block.
+  int64_t group = 1;
+  while (group < row_units && group < kThreads) group *= 2;
+  const int64_t rows_per_block = kThreads / group;
+  const auto blocks = static_cast<unsigned>(std::min(div_ceil(n, rows_per_block), kMaxBlocks));
+  LaunchKernel(dim3(blocks), dim3(static_cast<unsigned>(group), static_cast<unsigned>(rows_per_block)),
+               device)
+      .enable_pdl(true)(EmbeddingKernel<U, IdT>, static_cast<U*>(out), static_cast<const U*>(table),
+                        ids, n, vocab, row_units, table_stride_bytes / kU, error);
+}
+
+template <typename IdT>
+void DispatchUnit(DLDevice device, void* out, const void* table, const IdT* ids, int64_t n,
+                  int64_t vocab, int64_t row_bytes, int64_t table_stride_bytes, int64_t* error) {
+  // The widest copy unit that divides both addresses, the table stride and the row size.
+  const auto bits = reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(table) |
+                    static_cast<uintptr_t>(row_bytes) | static_cast<uintptr_t>(table_stride_bytes);
+  if (bits % 16 == 0) {
+    LaunchEmbedding<device::AlignedVector<uint32_t, 4>>(device, out, table, ids, n, vocab,
+                                                        row_bytes, table_stride_bytes, error);
+  } else if (bits % 8 == 0) {
+    LaunchEmbedding<device::AlignedVector<uint32_t, 2>>(device, out, table, ids, n, vocab,
+                                                        row_bytes, table_stride_bytes, error);
+  } else if (bits % 4 == 0) {
+    LaunchEmbedding<uint32_t>(device, out, table, ids, n, vocab, row_bytes, table_stride_bytes, error);
+  } else {
+    LaunchEmbedding<uint16_t>(device, out, table, ids, n, vocab, row_bytes, table_stride_bytes, error);
+  }
+}
+
+}  // namespace embedding_detail
+
+/*!
+ * \brief out [N, H] = table [vocab, H] rows picked by ids [N] (int32 or int64).
+ *
+ * table: float32/float16/bfloat16, any row stride, hidden contiguous; out: contiguous, table's
+ * dtype; error: int64 [3]; one CUDA device. Asynchronous: no host sync.
+ */
+inline void embedding(tvm::ffi::TensorView out, tvm::ffi::TensorView ids, tvm::ffi::TensorView table,
+                      tvm::ffi::TensorView error) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  SymbolicSize N{"num_ids"}, V{"vocab_size"}, H{"hidden"}, TS{"table_row_stride"};
+  SymbolicDType dtype, id_dtype;
+  SymbolicDevice device{"device"};
+  TensorMatcher({V, H})
+      .for_op("embedding")
+      .with_dtype<float, fp16_t, bf16_t>(dtype)
+      .with_device<kDLCUDA>(device)
+      .with_strides({TS, 1})
+      .verify(table, "table");
+  TensorMatcher({N, H}).for_op("embedding").with_dtype(dtype).with_device(device).verify(out, "out");
+  TensorMatcher({N})
+      .for_op("embedding")
+      .with_dtype<int32_t, int64_t>(id_dtype)
+      .with_device(device)
+      .verify(ids, "ids");
+  TensorMatcher({3}).for_op("embedding").with_dtype<int64_t>().with_device(device).verify(error, "error");
+  const int64_t elem = dtype_bytes(dtype.unwrap());
+  const int64_t n = N.unwrap(), row_bytes = H.unwrap() * elem;
+  if (n == 0 || row_bytes == 0) return;  // a zero-block grid is a launch error
+  void* dst = data_ptr<char>(out);
+  const void* src = data_ptr<const char>(table);
+  const int64_t stride_bytes = TS.unwrap() * elem;
+  auto* err = data_ptr<int64_t>(error);
+  if (id_dtype.is<int32_t>()) {
+    embedding_detail::DispatchUnit(device.unwrap(), dst, src, data_ptr<const int32_t>(ids), n,
+                                   V.unwrap(), row_bytes, stride_bytes, err);
+  } else {
+    embedding_detail::DispatchUnit(device.unwrap(), dst, src, data_ptr<const int64_t>(ids), n,
+                                   V.unwrap(), row_bytes, stride_bytes, err);
+  }
+}
+
+}  // namespace mllm_kernel::gpu
+
+#endif  // MLLM_KERNEL_KERNELS_EMBEDDING_CUH_

@@ -1,0 +1,161 @@
+/*!
+ * \file kernels/kv_cache/kv_cache.cuh
+ * \brief CUDA store_kv_cache: scatter k/v rows into paged caches, on torch's current stream.
+ *
+ * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
+ * TVM_FFI_DLL_EXPORT_TYPED_FUNC(store_kv_cache, mllm_kernel::gpu::store_kv_cache).
+ *
+ * Out-of-range slots: never written. A slot < -1 or >= num_blocks * block_size is skipped and
+ * recorded in `error` (int64 [3]: {flag, token, slot}; the first reporter wins, later ones keep
+ * it). The host never reads it here (no sync): the Python wrapper decides when to check.
+ */
+#ifndef MLLM_KERNEL_KERNELS_KV_CACHE_CUH_
+#define MLLM_KERNEL_KERNELS_KV_CACHE_CUH_
+
+#include <mllm_kernel/tensor.hpp>
+#include <mllm_kernel/utils.cuh>
+#include <mllm_kernel/utils.hpp>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace mllm_kernel::gpu {
+
+namespace kv_cache_detail {
+
+// error: {flag, index, value}. Only the first reporter (flag 0 -> 1) writes index and value.
+__device__ __forceinline__ void ReportError(int64_t* error, int64_t index, int64_t value) {
+  auto* flag = reinterpret_cast<unsigned long long*>(error);
+  if (atomicCAS(flag, 0ull, 1ull) == 0ull) {
+    error[1] = index;
+    error[2] = value;
+  }
+}
+
+// Block (G, R): R tokens at a time, G threads copying each token's row in units of U (the
+// widest of 16/8/4/2 bytes that every pointer, stride and row size allows). Strides and row
+// sizes are in units of U. Grid-stride over tokens; 64-bit index math throughout.
+template <typename U>
+__global__ void StoreKVCacheKernel(const U* __restrict__ k, const U* __restrict__ v,
+                                   U* __restrict__ k_cache, U* __restrict__ v_cache,
+                                   const int64_t* __restrict__ slots, int64_t num_tokens,
+                                   int64_t row_units, int64_t k_stride, int64_t v_stride,
+                                   int64_t num_slots, int64_t* error) {
+  device::pdl_wait_primary();  // k, v, slot_mapping may come from the previous kernel
+  const int64_t token_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; t < num_tokens;
+       t += token_step) {
+    const int64_t slot = slots[t];
+    if (slot == -1) continue;  // padding token
+    if (slot < -1 || slot >= num_slots) {
+      if (threadIdx.x == 0) ReportError(error, t, slot);
+      continue;
+    }
+    const U* k_row = k + t * k_stride;
+    const U* v_row = v + t * v_stride;
+    U* kc_row = k_cache + slot * row_units;
+    U* vc_row = v_cache + slot * row_units;
+    for (int64_t i = threadIdx.x; i < row_units; i += blockDim.x) {
+      kc_row[i] = k_row[i];
+      vc_row[i] = v_row[i];
+    }
+  }
+  device::pdl_launch_dependents();
+}
+
+template <typename U>
+void LaunchStoreKVCache(DLDevice device, const void* k, const void* v, void* k_cache, void* v_cache,
+                        const int64_t* slots, int64_t num_tokens, int64_t row_bytes,
+                        int64_t k_stride_bytes, int64_t v_stride_bytes, int64_t num_slots,
+                        int64_t* error) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  constexpr int64_t kU = sizeof(U);
+  const int64_t row_units = row_bytes / kU;
+  constexpr int64_t kThreads = 256;
+  constexpr int64_t kMaxBlocks = 1 << 20;  // grid-stride loop covers more tokens
+  // Threads per token: the row's unit count rounded up to a power of 2, at most the block.
+  int64_t group = 1;
+  while (group < row_units && group < kThreads) group *= 2;
+  const int64_t rows_per_block = kThreads / group;
+  const auto blocks =
+      static_cast<unsigned>(std::min(div_ceil(num_tokens, rows_per_block), kMaxBlocks));
+  LaunchKernel(dim3(blocks), dim3(static_cast<unsigned>(group), static_cast<unsigned>(rows_per_block)),
+               device)
+      .enable_pdl(true)(StoreKVCacheKernel<U>, static_cast<const U*>(k), static_cast<const U*>(v),
+                        static_cast<U*>(k_cache), static_cast<U*>(v_cache), slots, num_tokens,
+                        row_units, k_stride_bytes / kU, v_stride_bytes / kU, num_slots, error);
+}
+
+}  // namespace kv_cache_detail
+
+/*!
+ * \brief k_cache/v_cache [num_blocks, block_size, KH, D] at flat slot slot_mapping[t] = k/v[t].
+ *
+ * k, v: [T, KH, D], any token stride, heads and dims contiguous; caches contiguous; all
+ * float32/float16/bfloat16 of one dtype; slot_mapping int64 [T]; error int64 [3]; one CUDA
+ * device. slot -1 skips the token. Asynchronous: no host sync.
+ */
+inline void store_kv_cache(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView k_cache,
+                           tvm::ffi::TensorView v_cache, tvm::ffi::TensorView slot_mapping,
+                           tvm::ffi::TensorView error) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  SymbolicSize T{"num_tokens"}, KH{"num_kv_heads"}, D{"head_dim"}, KS{"k_token_stride"},
+      VS{"v_token_stride"}, NB{"num_blocks"}, BS{"block_size"};
+  SymbolicDType dtype;
+  SymbolicDevice device{"device"};
+  TensorMatcher({T, KH, D})
+      .for_op("store_kv_cache")
+      .with_dtype<float, fp16_t, bf16_t>(dtype)
+      .with_device<kDLCUDA>(device)
+      .with_strides({KS, D, 1})
+      .verify(k, "k");
+  TensorMatcher({T, KH, D})
+      .for_op("store_kv_cache")
+      .with_dtype(dtype)
+      .with_device(device)
+      .with_strides({VS, D, 1})
+      .verify(v, "v");
+  TensorMatcher({NB, BS, KH, D})
+      .for_op("store_kv_cache")
+      .with_dtype(dtype)
+      .with_device(device)
+      .verify(k_cache, "k_cache")
+      .verify(v_cache, "v_cache");
+  TensorMatcher({T}).for_op("store_kv_cache").with_dtype<int64_t>().with_device(device).verify(
+      slot_mapping, "slot_mapping");
+  TensorMatcher({3}).for_op("store_kv_cache").with_dtype<int64_t>().with_device(device).verify(
+      error, "error");
+  const int64_t num_tokens = T.unwrap();
+  const int64_t elem = dtype_bytes(dtype.unwrap());
+  const int64_t row_bytes = KH.unwrap() * D.unwrap() * elem;
+  if (num_tokens == 0 || row_bytes == 0) return;  // a zero-block grid is a launch error
+  const void* kp = data_ptr<const char>(k);
+  const void* vp = data_ptr<const char>(v);
+  void* kcp = data_ptr<char>(k_cache);
+  void* vcp = data_ptr<char>(v_cache);
+  const int64_t ks = KS.unwrap() * elem, vs = VS.unwrap() * elem;
+  // The widest copy unit that divides every address, stride and the row size.
+  const auto bits = reinterpret_cast<uintptr_t>(kp) | reinterpret_cast<uintptr_t>(vp) |
+                    reinterpret_cast<uintptr_t>(kcp) | reinterpret_cast<uintptr_t>(vcp) |
+                    static_cast<uintptr_t>(row_bytes) | static_cast<uintptr_t>(ks) |
+                    static_cast<uintptr_t>(vs);
+  const auto run = [&](auto unit) {
+    kv_cache_detail::LaunchStoreKVCache<decltype(unit)>(
+        device.unwrap(), kp, vp, kcp, vcp, data_ptr<const int64_t>(slot_mapping), num_tokens,
+        row_bytes, ks, vs, NB.unwrap() * BS.unwrap(), data_ptr<int64_t>(error));
+  };
+  if (bits % 16 == 0) {
+    run(device::AlignedVector<uint32_t, 4>{});
+  } else if (bits % 8 == 0) {
+    run(device::AlignedVector<uint32_t, 2>{});
+  } else if (bits % 4 == 0) {
+    run(uint32_t{});
+  } else {
+    run(uint16_t{});
+  }
+}
+
+}  // namespace mllm_kernel::gpu
+
+#endif  // MLLM_KERNEL_KERNELS_KV_CACHE_CUH_

@@ -1,0 +1,134 @@
+"""store_kv_cache: scatter k/v into paged KV caches (kernels/kv_cache/kv_cache.{cpp,cuh}).
+
+Caches are [num_blocks, block_size, kv_heads, head_dim]; token t goes to the flat slot
+slot_mapping[t] = block * block_size + offset; slot -1 skips the token (padding).
+
+Out-of-range slots (< -1 or >= num_blocks * block_size), never written:
+  * CPU: every slot is checked before anything is written; ValueError names the token.
+  * CUDA: the token is skipped and the kernel records (token, slot) in a per-device int64 flag
+    buffer, without a host sync. `check_slots=True` (a debug path, off by default because it
+    syncs the stream) reads that flag right after the kernel and raises ValueError. Otherwise
+    call `pop_kv_cache_error()` whenever convenient (it syncs). While a CUDA graph is being
+    captured the read is skipped (a sync is illegal there); the flag stays set for a later
+    read. The flag buffer is allocated on the first CUDA call per device, so call once before
+    capturing a graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mllm_kernel.jit_utils import JitSpec, cache_once
+
+SPECS = {
+    "cpu": JitSpec(
+        name="kv_cache",
+        device="cpu",
+        cpp_files=("kv_cache/kv_cache.cpp",),
+        cpp_wrappers=(("store_kv_cache", "mllm_kernel::cpu::store_kv_cache"),),
+    ),
+    "cuda": JitSpec(
+        name="kv_cache",
+        device="cuda",
+        cuda_files=("kv_cache/kv_cache.cuh",),
+        cuda_wrappers=(("store_kv_cache", "mllm_kernel::gpu::store_kv_cache"),),
+    ),
+}
+
+
+@cache_once
+def _module(device_type: str):
+    return SPECS[device_type].load()
+
+
+# ----------------------------------------------------------------------------- CUDA error flag
+# int64 [3] per device: {flag, token, slot}. Sticky until read.
+_error_buffers: dict[int, torch.Tensor] = {}
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _error_buffer(device: torch.device) -> torch.Tensor:
+    index = _device_index(device)
+    buffer = _error_buffers.get(index)
+    if buffer is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"store_kv_cache: call it once on cuda:{index} before capturing a CUDA graph "
+                "(the first call allocates its error flag buffer)"
+            )
+        buffer = _error_buffers.setdefault(index, torch.zeros(3, dtype=torch.int64, device=device))
+    return buffer
+
+
+def pop_kv_cache_error(device: torch.device | str | int | None = None) -> tuple[int, int] | None:
+    """(token, slot) of an out-of-range slot recorded by a CUDA call on `device` since the last
+    read, or None; clears the record. Syncs the current stream."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if device.type == "cpu":
+        return None  # the CPU path raises immediately
+    buffer = _error_buffers.get(_device_index(device))
+    if buffer is None:
+        return None
+    flag, token, slot = buffer.tolist()
+    if not flag:
+        return None
+    buffer.zero_()
+    return token, slot
+
+
+# ----------------------------------------------------------------------------- op
+
+
+@torch.library.custom_op("mllm_kernel::store_kv_cache", mutates_args=("k_cache", "v_cache"))
+def _store_kv_cache_op(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    check_slots: bool,
+) -> None:
+    device = k.device
+    if device.type == "cpu":
+        _module("cpu").store_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+    elif device.type == "cuda":
+        error = _error_buffer(device)
+        _module("cuda").store_kv_cache(k, v, k_cache, v_cache, slot_mapping, error)
+        if check_slots and not torch.cuda.is_current_stream_capturing():
+            recorded = pop_kv_cache_error(device)
+            if recorded is not None:
+                token, slot = recorded
+                num_slots = k_cache.shape[0] * k_cache.shape[1]
+                raise ValueError(
+                    f"store_kv_cache: slot_mapping[{token}] = {slot} is out of range "
+                    f"[-1, num_blocks * block_size = {num_slots}) (recorded on {device} by this "
+                    "call or an earlier unchecked one; that token was not stored)"
+                )
+    else:
+        raise ValueError(f"store_kv_cache: unsupported device {device} (expected cpu or cuda)")
+
+
+@_store_kv_cache_op.register_fake
+def _(k, v, k_cache, v_cache, slot_mapping, check_slots) -> None:
+    return None
+
+
+def store_kv_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    check_slots: bool = False,
+) -> None:
+    """k_cache/v_cache.view(-1, kv_heads, head_dim)[slot_mapping[t]] = k[t]/v[t], in place.
+
+    k, v: [tokens, kv_heads, head_dim], any token stride (e.g. slices of a fused qkv tensor),
+    heads and head_dim contiguous. k_cache, v_cache: contiguous [num_blocks, block_size,
+    kv_heads, head_dim] of k's dtype (float32/float16/bfloat16). slot_mapping: int64 [tokens],
+    -1 skips a token. check_slots: CUDA only, see the module doc.
+    """
+    _store_kv_cache_op(k, v, k_cache, v_cache, slot_mapping, bool(check_slots))

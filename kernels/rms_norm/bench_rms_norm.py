@@ -1,0 +1,57 @@
+"""Benchmark cases for rms_norm and fused_add_rms_norm (timed by the lead's driver)."""
+
+import torch
+
+from mllm_kernel.kernels.rms_norm.rms_norm import fused_add_rms_norm, rms_norm
+
+EPS = 1e-6
+CUDA_SHAPES = ((1, 4096), (128, 4096), (4096, 4096), (4096, 16384), (16384, 8192))
+CPU_SHAPES = ((1, 4096), (32, 4096), (256, 4096))
+CUDA_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+CPU_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _eager_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype)
+
+
+def _eager_fused(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor):
+    # Out of place (compile friendly); same traffic: read x, r; write the new x and residual.
+    new_r = x + r
+    return _eager_rms_norm(new_r, w), new_r
+
+
+def benchmark_cases(device: str) -> list[dict]:
+    shapes = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
+    dtypes = CUDA_DTYPES if device == "cuda" else CPU_DTYPES
+    gen = torch.Generator(device=device).manual_seed(0)
+    cases = []
+    for dtype in dtypes:
+        size = torch.finfo(dtype).bits // 8
+        for rows, hidden in shapes:
+            x = torch.randn(rows, hidden, generator=gen, device=device, dtype=dtype)
+            r = torch.randn(rows, hidden, generator=gen, device=device, dtype=dtype)
+            w = torch.randn(hidden, generator=gen, device=device, dtype=dtype)
+            shape = f"{rows}x{hidden}"
+            name = str(dtype).removeprefix("torch.")
+            cases.append({
+                "op": "rms_norm",
+                "shape": shape,
+                "dtype": name,
+                "ours": lambda x=x, w=w: rms_norm(x, w, EPS),
+                "eager": lambda x=x, w=w: _eager_rms_norm(x, w),
+                "bytes": (2 * rows * hidden + hidden) * size,  # read x (+ weight), write out
+            })
+            # In place on its own copies: repeated calls keep values finite (x is normalized
+            # each call; the residual grows by O(1) per call).
+            xf, rf = x.clone(), r.clone()
+            cases.append({
+                "op": "fused_add_rms_norm",
+                "shape": shape,
+                "dtype": name,
+                "ours": lambda x=xf, r=rf, w=w: fused_add_rms_norm(x, r, w, EPS),
+                "eager": lambda x=x, r=r, w=w: _eager_fused(x, r, w),
+                "bytes": (4 * rows * hidden + hidden) * size,  # read x, r (+ weight), write x, r
+            })
+    return cases

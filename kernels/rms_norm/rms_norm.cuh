@@ -1,0 +1,409 @@
+/*!
+ * \file kernels/rms_norm/rms_norm.cuh
+ * \brief CUDA rms_norm and fused_add_rms_norm (float32/float16/bfloat16) on torch's stream.
+ *
+ * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
+ * mllm_kernel::gpu::rms_norm and mllm_kernel::gpu::fused_add_rms_norm.
+ *
+ * Fast path (hidden % (16 / sizeof(T)) == 0, 16-byte aligned pointers and row strides):
+ * blockDim.x threads own one row, each holding kVecs 16-byte vectors of it in registers across
+ * the block reduction, so x is read once and out written once. Small rows share a block
+ * (blockDim.y rows per block) so blocks stay at 256 threads. Otherwise (unaligned, odd hidden,
+ * or rows over 4096 vectors: bf16 > 32K, fp32 > 16K elements) a scalar kernel reads the row
+ * twice (the second read mostly hits L2).
+ */
+#ifndef MLLM_KERNEL_KERNELS_RMS_NORM_CUH_
+#define MLLM_KERNEL_KERNELS_RMS_NORM_CUH_
+
+#include <mllm_kernel/tensor.hpp>
+#include <mllm_kernel/utils.cuh>
+#include <mllm_kernel/utils.hpp>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+namespace mllm_kernel::gpu {
+
+namespace rms_norm_detail {
+
+using device::bf16_t;
+using device::fp16_t;
+
+template <typename T>
+__device__ __forceinline__ float ToF32(T v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, fp16_t>) {
+    return __half2float(v);
+  } else {
+    return __bfloat162float(v);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T FromF32(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, fp16_t>) {
+    return __float2half_rn(v);
+  } else {
+    return __float2bfloat16_rn(v);
+  }
+}
+
+// Sum over the blockDim.x threads of one row (blockDim.x a multiple of 32, blockDim.y rows per
+// block, <= 32 warps in all); every thread gets its row's sum. All threads must call.
+__device__ __forceinline__ float RowReduceSum(float v) {
+  __shared__ float partials[device::kWarpThreads];
+  v = device::warp_reduce_sum(v);
+  const unsigned warps_per_row = blockDim.x / device::kWarpThreads;
+  const unsigned warp = threadIdx.y * warps_per_row + threadIdx.x / device::kWarpThreads;
+  __syncthreads();  // the previous row group may still be reading partials
+  if (threadIdx.x % device::kWarpThreads == 0) partials[warp] = v;
+  __syncthreads();
+  float sum = 0.0f;
+  const float* row_partials = partials + threadIdx.y * warps_per_row;
+  for (unsigned i = 0; i < warps_per_row; ++i) sum += row_partials[i];  // smem broadcast
+  return sum;
+}
+
+__device__ __forceinline__ float InvRms(float sum_sq, int64_t d, float eps) {
+  return rsqrtf(sum_sq / static_cast<float>(d) + eps);
+}
+
+// Block size of every launch (threads_x * rows_per_block <= 256). As a launch bound it lets
+// the register tile (up to 16 vectors = 64 registers) stay in registers without spills.
+inline constexpr int kBlockThreads = 256;
+
+// Vector path of rms_norm. Thread x of a row owns vectors x, x + blockDim.x, ... (coalesced).
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(kBlockThreads)
+    RmsNormVecKernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
+                     int64_t rows, int64_t d, int64_t out_stride, int64_t x_stride, float eps) {
+  using Vec = device::AlignedVector<T, device::kVecSize<T>>;
+  constexpr int N = Vec::kSize;
+  const int nvec = static_cast<int>(d / N);
+  device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
+  // Grid-stride over groups of blockDim.y rows; the loop bound is uniform over the block
+  // because RowReduceSum syncs it.
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
+       row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = row0 + threadIdx.y;
+    const bool active = row < rows;
+    Vec v[kVecs];
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (active && j < nvec) {
+        v[k].load(x + row * x_stride, j);
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const float f = ToF32(v[k][i]);
+          sum_sq += f * f;
+        }
+      }
+    }
+    const float inv = InvRms(RowReduceSum(sum_sq), d, eps);
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (active && j < nvec) {
+        Vec wv, o;
+        wv.load(w, j);
+#pragma unroll
+        for (int i = 0; i < N; ++i) o[i] = FromF32<T>(ToF32(v[k][i]) * inv * ToF32(wv[i]));
+        o.store(out + row * out_stride, j);
+      }
+    }
+  }
+  device::pdl_launch_dependents();
+}
+
+// Vector path of fused_add_rms_norm: the rounded sum stays in registers between the passes.
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(kBlockThreads)
+    FusedAddRmsNormVecKernel(T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ w,
+                             int64_t rows, int64_t d, int64_t x_stride, int64_t r_stride,
+                             float eps) {
+  using Vec = device::AlignedVector<T, device::kVecSize<T>>;
+  constexpr int N = Vec::kSize;
+  const int nvec = static_cast<int>(d / N);
+  device::pdl_wait_primary();
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
+       row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = row0 + threadIdx.y;
+    const bool active = row < rows;
+    Vec s[kVecs];
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (active && j < nvec) {
+        Vec xv;
+        xv.load(x + row * x_stride, j);
+        s[k].load(residual + row * r_stride, j);
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          // Round first: the norm is of the residual as stored.
+          s[k][i] = FromF32<T>(ToF32(xv[i]) + ToF32(s[k][i]));
+          const float f = ToF32(s[k][i]);
+          sum_sq += f * f;
+        }
+        s[k].store(residual + row * r_stride, j);
+      }
+    }
+    const float inv = InvRms(RowReduceSum(sum_sq), d, eps);
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (active && j < nvec) {
+        Vec wv, o;
+        wv.load(w, j);
+#pragma unroll
+        for (int i = 0; i < N; ++i) o[i] = FromF32<T>(ToF32(s[k][i]) * inv * ToF32(wv[i]));
+        o.store(x + row * x_stride, j);
+      }
+    }
+  }
+  device::pdl_launch_dependents();
+}
+
+// Scalar path (any alignment, any hidden): two reads of the row, one write.
+template <typename T>
+__global__ void __launch_bounds__(kBlockThreads)
+    RmsNormScalarKernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
+                        int64_t rows, int64_t d, int64_t out_stride, int64_t x_stride, float eps) {
+  device::pdl_wait_primary();
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
+       row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = row0 + threadIdx.y;
+    const bool active = row < rows;
+    float sum_sq = 0.0f;
+    if (active) {
+      for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        const float f = ToF32(x[row * x_stride + j]);
+        sum_sq += f * f;
+      }
+    }
+    const float inv = InvRms(RowReduceSum(sum_sq), d, eps);
+    if (active) {
+      for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        out[row * out_stride + j] = FromF32<T>(ToF32(x[row * x_stride + j]) * inv * ToF32(w[j]));
+      }
+    }
+  }
+  device::pdl_launch_dependents();
+}
+
+// Scalar fused path: each thread re-reads only the residual elements it wrote itself.
+template <typename T>
+__global__ void __launch_bounds__(kBlockThreads)
+    FusedAddRmsNormScalarKernel(T* __restrict__ x, T* __restrict__ residual,
+                                const T* __restrict__ w, int64_t rows, int64_t d,
+                                int64_t x_stride, int64_t r_stride, float eps) {
+  device::pdl_wait_primary();
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
+       row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = row0 + threadIdx.y;
+    const bool active = row < rows;
+    float sum_sq = 0.0f;
+    if (active) {
+      for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        const T s = FromF32<T>(ToF32(x[row * x_stride + j]) + ToF32(residual[row * r_stride + j]));
+        residual[row * r_stride + j] = s;
+        const float f = ToF32(s);
+        sum_sq += f * f;
+      }
+    }
+    const float inv = InvRms(RowReduceSum(sum_sq), d, eps);
+    if (active) {
+      for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        x[row * x_stride + j] =
+            FromF32<T>(ToF32(residual[row * r_stride + j]) * inv * ToF32(w[j]));
+      }
+    }
+  }
+  device::pdl_launch_dependents();
+}
+
+// Kernel choice and launch shape shared by both ops.
+struct LaunchPlan {
+  int kvecs = 0;  // 0: scalar kernel
+  unsigned threads_x = 0;
+  unsigned rows_per_block = 0;
+  unsigned blocks = 0;
+};
+
+// vec_ok: hidden divisible by the vector size and every pointer/row stride 16-byte aligned.
+inline LaunchPlan PlanLaunch(int64_t rows, int64_t d, int vec_size, bool vec_ok) {
+  LaunchPlan plan;
+  int64_t threads = 0;
+  if (vec_ok) {
+    const int64_t nvec = d / vec_size;
+    // Fewest vectors per thread that fit the row in one block: blocks stay small, so several
+    // are resident per SM and one block's reduction overlaps another's loads. Rows over
+    // 16 vectors * 256 threads (bf16: 32K, fp32: 16K elements) take the scalar kernel.
+    for (int k : {1, 2, 4, 8, 16}) {
+      if (host::div_ceil(nvec, k) <= kBlockThreads) {
+        plan.kvecs = k;
+        threads = host::div_ceil(nvec, k);
+        break;
+      }
+    }
+  }
+  if (plan.kvecs == 0) threads = std::min<int64_t>(d, kBlockThreads);  // scalar: loop over d
+  plan.threads_x = static_cast<unsigned>(host::div_ceil(threads, device::kWarpThreads) *
+                                         device::kWarpThreads);
+  plan.rows_per_block = std::max<unsigned>(1, kBlockThreads / plan.threads_x);
+  // The grid-stride loop covers rows beyond the cap.
+  constexpr int64_t kMaxBlocks = int64_t{1} << 30;
+  plan.blocks =
+      static_cast<unsigned>(std::min(host::div_ceil(rows, plan.rows_per_block), kMaxBlocks));
+  return plan;
+}
+
+template <typename Kernel>
+inline Kernel PickKernel(int kvecs, Kernel scalar, Kernel v1, Kernel v2, Kernel v4, Kernel v8,
+                         Kernel v16) {
+  switch (kvecs) {
+    case 1: return v1;
+    case 2: return v2;
+    case 4: return v4;
+    case 8: return v8;
+    case 16: return v16;
+    default: return scalar;
+  }
+}
+
+template <typename T>
+void LaunchRmsNorm(T* out, const T* x, const T* w, int64_t rows, int64_t d, int64_t out_stride,
+                   int64_t x_stride, float eps, DLDevice dev) {
+  constexpr int N = device::kVecSize<T>;
+  const bool vec_ok = d % N == 0 && out_stride % N == 0 && x_stride % N == 0 &&
+                      device::is_aligned<16>(out) && device::is_aligned<16>(x) &&
+                      device::is_aligned<16>(w);
+  const LaunchPlan plan = PlanLaunch(rows, d, N, vec_ok);
+  const auto kernel = PickKernel(plan.kvecs, RmsNormScalarKernel<T>, RmsNormVecKernel<T, 1>,
+                                 RmsNormVecKernel<T, 2>, RmsNormVecKernel<T, 4>,
+                                 RmsNormVecKernel<T, 8>, RmsNormVecKernel<T, 16>);
+  host::LaunchKernel(dim3(plan.blocks), dim3(plan.threads_x, plan.rows_per_block), dev)
+      .enable_pdl(true)(kernel, out, x, w, rows, d, out_stride, x_stride, eps);
+}
+
+template <typename T>
+void LaunchFusedAddRmsNorm(T* x, T* residual, const T* w, int64_t rows, int64_t d,
+                           int64_t x_stride, int64_t r_stride, float eps, DLDevice dev) {
+  constexpr int N = device::kVecSize<T>;
+  const bool vec_ok = d % N == 0 && x_stride % N == 0 && r_stride % N == 0 &&
+                      device::is_aligned<16>(x) && device::is_aligned<16>(residual) &&
+                      device::is_aligned<16>(w);
+  const LaunchPlan plan = PlanLaunch(rows, d, N, vec_ok);
+  const auto kernel = PickKernel(
+      plan.kvecs, FusedAddRmsNormScalarKernel<T>, FusedAddRmsNormVecKernel<T, 1>,
+      FusedAddRmsNormVecKernel<T, 2>, FusedAddRmsNormVecKernel<T, 4>,
+      FusedAddRmsNormVecKernel<T, 8>, FusedAddRmsNormVecKernel<T, 16>);
+  host::LaunchKernel(dim3(plan.blocks), dim3(plan.threads_x, plan.rows_per_block), dev)
+      .enable_pdl(true)(kernel, x, residual, w, rows, d, x_stride, r_stride, eps);
+}
+
+}  // namespace rms_norm_detail
+
+/*!
+ * \brief out = x / sqrt(mean(x^2) + eps) * weight per row, math in float32.
+ * \param out [rows, hidden], unit stride along hidden.
+ * \param x [rows, hidden], unit stride along hidden.
+ * \param weight [hidden], contiguous; all on one CUDA device, one dtype.
+ */
+inline void rms_norm(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::TensorView weight,
+                     double eps) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  SymbolicSize rows{"num_tokens"}, hidden{"hidden"}, out_stride{"out_row_stride"},
+      x_stride{"x_row_stride"};
+  SymbolicDType dtype{"dtype"};
+  SymbolicDevice device{"device"};
+  TensorMatcher({rows, hidden})
+      .for_op("rms_norm")
+      .with_dtype<float, fp16_t, bf16_t>(dtype)
+      .with_device<kDLCUDA>(device)
+      .with_strides({x_stride, 1})
+      .verify(x, "x");
+  TensorMatcher({rows, hidden})
+      .for_op("rms_norm")
+      .with_dtype(dtype)
+      .with_device(device)
+      .with_strides({out_stride, 1})
+      .verify(out, "out");
+  TensorMatcher({hidden}).for_op("rms_norm").with_dtype(dtype).with_device(device).verify(
+      weight, "weight");
+  const int64_t n = rows.unwrap(), d = hidden.unwrap();
+  if (n == 0 || d == 0) return;  // a zero-block grid is a launch error
+  const int64_t os = out_stride.unwrap(), xs = x_stride.unwrap();
+  ValueCheck(n == 1 || os >= d, "rms_norm: argument 'out': row stride ", os,
+             " is smaller than hidden=", d, ": output rows would overlap");
+  const auto e = static_cast<float>(eps);
+  const DLDevice dev = device.unwrap();
+  if (dtype.is<float>()) {
+    rms_norm_detail::LaunchRmsNorm(data_ptr<float>(out), data_ptr<const float>(x),
+                                   data_ptr<const float>(weight), n, d, os, xs, e, dev);
+  } else if (dtype.is<fp16_t>()) {
+    rms_norm_detail::LaunchRmsNorm(data_ptr<fp16_t>(out), data_ptr<const fp16_t>(x),
+                                   data_ptr<const fp16_t>(weight), n, d, os, xs, e, dev);
+  } else {
+    rms_norm_detail::LaunchRmsNorm(data_ptr<bf16_t>(out), data_ptr<const bf16_t>(x),
+                                   data_ptr<const bf16_t>(weight), n, d, os, xs, e, dev);
+  }
+}
+
+/*!
+ * \brief In place: residual = round(x + residual); x = rms_norm(residual) * weight.
+ * The new residual is rounded to the dtype before its norm is computed (as if re-read).
+ */
+inline void fused_add_rms_norm(tvm::ffi::TensorView x, tvm::ffi::TensorView residual,
+                               tvm::ffi::TensorView weight, double eps) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  SymbolicSize rows{"num_tokens"}, hidden{"hidden"}, x_stride{"x_row_stride"},
+      r_stride{"residual_row_stride"};
+  SymbolicDType dtype{"dtype"};
+  SymbolicDevice device{"device"};
+  TensorMatcher({rows, hidden})
+      .for_op("fused_add_rms_norm")
+      .with_dtype<float, fp16_t, bf16_t>(dtype)
+      .with_device<kDLCUDA>(device)
+      .with_strides({x_stride, 1})
+      .verify(x, "x");
+  TensorMatcher({rows, hidden})
+      .for_op("fused_add_rms_norm")
+      .with_dtype(dtype)
+      .with_device(device)
+      .with_strides({r_stride, 1})
+      .verify(residual, "residual");
+  TensorMatcher({hidden})
+      .for_op("fused_add_rms_norm")
+      .with_dtype(dtype)
+      .with_device(device)
+      .verify(weight, "weight");
+  const int64_t n = rows.unwrap(), d = hidden.unwrap();
+  if (n == 0 || d == 0) return;
+  const int64_t xs = x_stride.unwrap(), rs = r_stride.unwrap();
+  ValueCheck(n == 1 || (xs >= d && rs >= d), "fused_add_rms_norm: row strides (x ", xs,
+             ", residual ", rs, ") must be >= hidden=", d, ": rows written would overlap");
+  const auto e = static_cast<float>(eps);
+  const DLDevice dev = device.unwrap();
+  if (dtype.is<float>()) {
+    rms_norm_detail::LaunchFusedAddRmsNorm(data_ptr<float>(x), data_ptr<float>(residual),
+                                           data_ptr<const float>(weight), n, d, xs, rs, e, dev);
+  } else if (dtype.is<fp16_t>()) {
+    rms_norm_detail::LaunchFusedAddRmsNorm(data_ptr<fp16_t>(x), data_ptr<fp16_t>(residual),
+                                           data_ptr<const fp16_t>(weight), n, d, xs, rs, e, dev);
+  } else {
+    rms_norm_detail::LaunchFusedAddRmsNorm(data_ptr<bf16_t>(x), data_ptr<bf16_t>(residual),
+                                           data_ptr<const bf16_t>(weight), n, d, xs, rs, e, dev);
+  }
+}
+
+}  // namespace mllm_kernel::gpu
+
+#endif  // MLLM_KERNEL_KERNELS_RMS_NORM_CUH_

@@ -1,0 +1,216 @@
+/*!
+ * \file kernels/rope/rope.cuh
+ * \brief CUDA rotary position embedding (RoPE), in place on q and k, on torch's current stream.
+ *
+ * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
+ * TVM_FFI_DLL_EXPORT_TYPED_FUNC(apply_rope, mllm_kernel::gpu::apply_rope).
+ *
+ * Out-of-range positions: the kernel never reads the cache out of bounds. A token whose
+ * position is < 0 or >= max_pos is left untouched and recorded in `error` (int64 [3]:
+ * {flag, token, position}; the first reporter wins, later ones keep it). The host never reads
+ * it here (no sync): the Python wrapper decides when to check.
+ */
+#ifndef MLLM_KERNEL_KERNELS_ROPE_CUH_
+#define MLLM_KERNEL_KERNELS_ROPE_CUH_
+
+#include <mllm_kernel/tensor.hpp>
+#include <mllm_kernel/utils.cuh>
+#include <mllm_kernel/utils.hpp>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace mllm_kernel::gpu {
+
+namespace rope_detail {
+
+__device__ __forceinline__ float ToFloat(float x) { return x; }
+__device__ __forceinline__ float ToFloat(device::fp16_t x) { return __half2float(x); }
+__device__ __forceinline__ float ToFloat(device::bf16_t x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ device::fp16_t FromFloat<device::fp16_t>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ device::bf16_t FromFloat<device::bf16_t>(float x) { return __float2bfloat16_rn(x); }
+
+// error: {flag, index, value}. Only the first reporter (flag 0 -> 1) writes index and value.
+__device__ __forceinline__ void ReportError(int64_t* error, int64_t index, int64_t value) {
+  auto* flag = reinterpret_cast<unsigned long long*>(error);
+  if (atomicCAS(flag, 0ull, 1ull) == 0ull) {
+    error[1] = index;
+    error[2] = value;
+  }
+}
+
+// kN elements at p: one aligned 16-byte access when kVec, element by element otherwise.
+template <bool kVec, typename V, typename T>
+__device__ __forceinline__ void LoadElems(V& v, const T* p) {
+  if constexpr (kVec) {
+    v.load(p);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V::kSize; ++j) v[j] = p[j];
+  }
+}
+template <bool kVec, typename V, typename T>
+__device__ __forceinline__ void StoreElems(const V& v, T* p) {
+  if constexpr (kVec) {
+    v.store(p);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V::kSize; ++j) p[j] = v[j];
+  }
+}
+
+// One block per token (grid-stride over tokens); its threads stride over (head, unit) items.
+// A unit is kN elements: NeoX takes kN from each half (kN pairs), GPT-J kN consecutive
+// elements (kN / 2 pairs). kVec: 16-byte accesses (host checked alignment and divisibility).
+template <typename T, bool kNeox, bool kVec>
+__global__ void RopeKernel(T* q, T* k, const int64_t* __restrict__ positions,
+                          const float* __restrict__ cache, int64_t num_tokens, int64_t num_heads,
+                          int64_t num_kv_heads, int64_t head_dim, int64_t rot_dim,
+                          int64_t q_stride, int64_t k_stride, int64_t max_pos, int64_t* error) {
+  constexpr int kN = kVec ? device::kVecSize<T> : (kNeox ? 1 : 2);
+  using V = device::AlignedVector<T, kN>;
+  device::pdl_wait_primary();  // q, k, positions may come from the previous kernel
+  const int64_t half = rot_dim / 2;
+  const int64_t units = (kNeox ? half : rot_dim) / kN;
+  const int64_t items = (num_heads + num_kv_heads) * units;
+  for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    const int64_t pos = positions[t];
+    if (pos < 0 || pos >= max_pos) {
+      if (threadIdx.x == 0) ReportError(error, t, pos);
+      continue;  // uniform across the block: no barrier is skipped
+    }
+    const float* cos = cache + pos * rot_dim;
+    const float* sin = cos + half;
+    for (int64_t item = threadIdx.x; item < items; item += blockDim.x) {
+      const int64_t head = item / units;
+      const int64_t i0 = (item % units) * kN;
+      T* x = head < num_heads ? q + t * q_stride + head * head_dim
+                              : k + t * k_stride + (head - num_heads) * head_dim;
+      if constexpr (kNeox) {
+        V a, b;
+        LoadElems<kVec>(a, x + i0);
+        LoadElems<kVec>(b, x + half + i0);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          const float c = __ldg(cos + i0 + j), s = __ldg(sin + i0 + j);
+          const float x1 = ToFloat(a[j]), x2 = ToFloat(b[j]);
+          a[j] = FromFloat<T>(x1 * c - x2 * s);
+          b[j] = FromFloat<T>(x2 * c + x1 * s);
+        }
+        StoreElems<kVec>(a, x + i0);
+        StoreElems<kVec>(b, x + half + i0);
+      } else {
+        V a;
+        LoadElems<kVec>(a, x + i0);
+#pragma unroll
+        for (int j = 0; j < kN; j += 2) {
+          const int64_t p = (i0 + j) / 2;
+          const float c = __ldg(cos + p), s = __ldg(sin + p);
+          const float x1 = ToFloat(a[j]), x2 = ToFloat(a[j + 1]);
+          a[j] = FromFloat<T>(x1 * c - x2 * s);
+          a[j + 1] = FromFloat<T>(x2 * c + x1 * s);
+        }
+        StoreElems<kVec>(a, x + i0);
+      }
+    }
+  }
+  device::pdl_launch_dependents();
+}
+
+template <typename T>
+void LaunchRope(DLDevice device, T* q, T* k, const int64_t* positions, const float* cache,
+                int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                int64_t rot_dim, int64_t q_stride, int64_t k_stride, int64_t max_pos,
+                int64_t* error, bool is_neox) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  constexpr int64_t kV = device::kVecSize<T>;
+  // 16-byte accesses need aligned bases and every row/head/unit start on a vector boundary.
+  const bool vec = device::is_aligned<16>(q) && device::is_aligned<16>(k) && q_stride % kV == 0 &&
+                   k_stride % kV == 0 && head_dim % kV == 0 &&
+                   (is_neox ? (rot_dim / 2) % kV == 0 : rot_dim % kV == 0);
+  const int64_t elems_per_unit = vec ? kV : (is_neox ? 1 : 2);
+  const int64_t units = (is_neox ? rot_dim / 2 : rot_dim) / elems_per_unit;
+  const int64_t items = (num_heads + num_kv_heads) * units;
+  constexpr int64_t kMaxThreads = 256;
+  constexpr int64_t kMaxBlocks = 1 << 20;  // grid-stride loop covers more tokens
+  const auto threads = static_cast<unsigned>(
+      std::clamp<int64_t>(div_ceil(items, device::kWarpThreads) * device::kWarpThreads,
+                          device::kWarpThreads, kMaxThreads));
+  const auto blocks = static_cast<unsigned>(std::min(num_tokens, kMaxBlocks));
+  auto kernel = RopeKernel<T, true, false>;
+  if (is_neox) {
+    kernel = vec ? RopeKernel<T, true, true> : RopeKernel<T, true, false>;
+  } else {
+    kernel = vec ? RopeKernel<T, false, true> : RopeKernel<T, false, false>;
+  }
+  LaunchKernel(dim3(blocks), dim3(threads), device)
+      .enable_pdl(true)(kernel, q, k, positions, cache, num_tokens, num_heads, num_kv_heads,
+                        head_dim, rot_dim, q_stride, k_stride, max_pos, error);
+}
+
+}  // namespace rope_detail
+
+/*!
+ * \brief Rotate the first rot_dim dims of each head of q [T, H, D] and k [T, KH, D] in place.
+ *
+ * positions: int64 [T]; cos_sin_cache: float32 [max_pos, rot_dim] (cos | sin); q/k:
+ * float32/float16/bfloat16 (same dtype), any token stride, heads and dims contiguous; error:
+ * int64 [3] on the same device (see the file comment). Asynchronous: no host sync.
+ */
+inline void apply_rope(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView positions,
+                       tvm::ffi::TensorView cos_sin_cache, bool is_neox, tvm::ffi::TensorView error) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  SymbolicSize T{"num_tokens"}, H{"num_heads"}, KH{"num_kv_heads"}, D{"head_dim"};
+  SymbolicSize QS{"q_token_stride"}, KS{"k_token_stride"}, P{"max_pos"}, R{"rot_dim"};
+  SymbolicDType dtype;
+  SymbolicDevice device{"device"};
+  TensorMatcher({T, H, D})
+      .for_op("apply_rope")
+      .with_dtype<float, fp16_t, bf16_t>(dtype)
+      .with_device<kDLCUDA>(device)
+      .with_strides({QS, D, 1})
+      .verify(q, "q");
+  TensorMatcher({T, KH, D})
+      .for_op("apply_rope")
+      .with_dtype(dtype)
+      .with_device(device)
+      .with_strides({KS, D, 1})
+      .verify(k, "k");
+  TensorMatcher({T}).for_op("apply_rope").with_dtype<int64_t>().with_device(device).verify(
+      positions, "positions");
+  TensorMatcher({P, R}).for_op("apply_rope").with_dtype<float>().with_device(device).verify(
+      cos_sin_cache, "cos_sin_cache");
+  TensorMatcher({3}).for_op("apply_rope").with_dtype<int64_t>().with_device(device).verify(
+      error, "error");
+  const int64_t num_tokens = T.unwrap(), head_dim = D.unwrap(), rot_dim = R.unwrap();
+  ValueCheck(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_dim,
+             "apply_rope: cos_sin_cache rot_dim (dim 1) must be even and in [2, head_dim=",
+             head_dim, "], got ", rot_dim);
+  if (num_tokens == 0 || H.unwrap() + KH.unwrap() == 0) return;  // a zero-block grid is an error
+  const auto* pos = data_ptr<const int64_t>(positions);
+  const auto* cache = data_ptr<const float>(cos_sin_cache);
+  auto* err = data_ptr<int64_t>(error);
+  const auto run = [&](auto* qp, auto* kp) {
+    rope_detail::LaunchRope(device.unwrap(), qp, kp, pos, cache, num_tokens, H.unwrap(), KH.unwrap(),
+                            head_dim, rot_dim, QS.unwrap(), KS.unwrap(), P.unwrap(), err, is_neox);
+  };
+  if (dtype.is<float>()) {
+    run(data_ptr<float>(q), data_ptr<float>(k));
+  } else if (dtype.is<fp16_t>()) {
+    run(data_ptr<fp16_t>(q), data_ptr<fp16_t>(k));
+  } else {
+    run(data_ptr<bf16_t>(q), data_ptr<bf16_t>(k));
+  }
+}
+
+}  // namespace mllm_kernel::gpu
+
+#endif  // MLLM_KERNEL_KERNELS_ROPE_CUH_

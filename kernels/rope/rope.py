@@ -1,0 +1,135 @@
+"""Rotary position embedding (RoPE), in place on q and k (kernels/rope/rope.{cpp,cuh}).
+
+cos_sin_cache is float32 [max_pos, rot_dim]: columns [0, rot_dim/2) hold cos, the rest sin.
+Math runs in float32 whatever q's dtype. rot_dim <= head_dim (partial rotary: only the first
+rot_dim dims of each head rotate).
+
+Out-of-range positions (< 0 or >= max_pos), never read out of bounds:
+  * CPU: every position is checked before anything is written; ValueError names the token.
+  * CUDA: the token's q/k are left untouched and the kernel records (token, position) in a
+    per-device int64 flag buffer, without a host sync. `check_positions=True` (a debug path,
+    off by default because it syncs the stream) reads that flag right after the kernel and
+    raises ValueError. Otherwise call `pop_rope_error()` whenever convenient (it syncs).
+    While a CUDA graph is being captured the read is skipped (a sync is illegal there); the
+    flag stays set for a later `pop_rope_error()` / checked call. The flag buffer is allocated
+    on the first CUDA call per device, so call once before capturing a graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mllm_kernel.jit_utils import JitSpec, cache_once
+
+SPECS = {
+    "cpu": JitSpec(
+        name="rope",
+        device="cpu",
+        cpp_files=("rope/rope.cpp",),
+        cpp_wrappers=(("apply_rope", "mllm_kernel::cpu::apply_rope"),),
+    ),
+    "cuda": JitSpec(
+        name="rope",
+        device="cuda",
+        cuda_files=("rope/rope.cuh",),
+        cuda_wrappers=(("apply_rope", "mllm_kernel::gpu::apply_rope"),),
+    ),
+}
+
+
+@cache_once
+def _module(device_type: str):
+    return SPECS[device_type].load()
+
+
+# ----------------------------------------------------------------------------- CUDA error flag
+# int64 [3] per device: {flag, token, position}. Sticky: the first bad token stays recorded
+# until read by a checked call or pop_rope_error().
+_error_buffers: dict[int, torch.Tensor] = {}
+
+
+def _error_buffer(device: torch.device) -> torch.Tensor:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    buffer = _error_buffers.get(index)
+    if buffer is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"apply_rope: call it once on cuda:{index} before capturing a CUDA graph "
+                "(the first call allocates its error flag buffer)"
+            )
+        buffer = _error_buffers.setdefault(index, torch.zeros(3, dtype=torch.int64, device=device))
+    return buffer
+
+
+def pop_rope_error(device: torch.device | str | int | None = None) -> tuple[int, int] | None:
+    """(token, position) of an out-of-range position recorded by a CUDA call on `device` since
+    the last read, or None; clears the record. Syncs the current stream."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if device.type == "cpu":
+        return None  # the CPU path raises immediately
+    buffer = _error_buffers.get(device.index if device.index is not None else torch.cuda.current_device())
+    if buffer is None:
+        return None
+    flag, token, position = buffer.tolist()
+    if not flag:
+        return None
+    buffer.zero_()
+    return token, position
+
+
+def _raise_recorded_error(device: torch.device, max_pos: int) -> None:
+    error = pop_rope_error(device)
+    if error is not None:
+        token, position = error
+        raise ValueError(
+            f"apply_rope: positions[{token}] = {position} is out of range [0, max_pos={max_pos}) "
+            f"(recorded on {device} by this call or an earlier unchecked one; that token's q/k "
+            "were left unchanged)"
+        )
+
+
+# ----------------------------------------------------------------------------- op
+
+
+@torch.library.custom_op("mllm_kernel::apply_rope", mutates_args=("q", "k"))
+def _apply_rope_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    check_positions: bool,
+) -> None:
+    device = q.device
+    if device.type == "cpu":
+        _module("cpu").apply_rope(q, k, positions, cos_sin_cache, is_neox)
+    elif device.type == "cuda":
+        error = _error_buffer(device)
+        _module("cuda").apply_rope(q, k, positions, cos_sin_cache, is_neox, error)
+        if check_positions and not torch.cuda.is_current_stream_capturing():
+            _raise_recorded_error(device, cos_sin_cache.shape[0])
+    else:
+        raise ValueError(f"apply_rope: unsupported device {device} (expected cpu or cuda)")
+
+
+@_apply_rope_op.register_fake
+def _(q, k, positions, cos_sin_cache, is_neox, check_positions) -> None:
+    return None
+
+
+def apply_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+    check_positions: bool = False,
+) -> None:
+    """Rotate q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] in place.
+
+    positions: int64 [tokens]. cos_sin_cache: float32 [max_pos, rot_dim] (cos | sin).
+    is_neox: rotate halves, pairs (i, i + rot_dim/2); False: GPT-J, pairs (2i, 2i+1).
+    q/k: float32/float16/bfloat16 (same dtype); any token stride (e.g. slices of a fused qkv
+    tensor), heads and head_dim contiguous. check_positions: CUDA only, see the module doc.
+    """
+    _apply_rope_op(q, k, positions, cos_sin_cache, bool(is_neox), bool(check_positions))

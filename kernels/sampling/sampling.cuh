@@ -1,0 +1,429 @@
+/*!
+ * \file kernels/sampling/sampling.cuh
+ * \brief CUDA token sampling: greedy (argmax), top-k/top-p and min-p by inverse CDF, on
+ *        torch's current stream. Same selection rules as sampling.cpp (see its file comment).
+ *
+ * One block per row, no sort of the vocab:
+ *  - greedy: one pass, block-wide (value, index) argmax.
+ *  - top-k / top-p: a max pass, then bisection on the order-preserving uint32 key of the logit:
+ *    top-k finds the k-th largest key with block-wide counts, top-p the largest key whose kept
+ *    mass reaches top_p with block-wide sums of exp. Each search stops once its bracket holds
+ *    a single token, else after at most 32 steps (exact). Every step is one pass over the row
+ *    (L2-resident for decode batch sizes).
+ *  - min-p: a max pass, then the threshold is known.
+ *  - sampling: each thread sums the kept weights of its contiguous chunk, a block exclusive
+ *    scan gives the chunk offsets, and the thread whose chunk crosses u * total finds the token.
+ * Reductions read 16 bytes per access when the row start is 16-byte aligned (checked per row),
+ * with a scalar tail; 64-bit index math throughout.
+ *
+ * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
+ * mllm_kernel::gpu::{greedy_sample, top_k_top_p_sample, min_p_sample}.
+ */
+#ifndef MLLM_KERNEL_KERNELS_SAMPLING_CUH_
+#define MLLM_KERNEL_KERNELS_SAMPLING_CUH_
+
+#include <mllm_kernel/tensor.hpp>
+#include <mllm_kernel/utils.cuh>
+#include <mllm_kernel/utils.hpp>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+namespace mllm_kernel::gpu {
+
+namespace sampling_detail {
+
+using device::AlignedVector;
+using device::kFullMask;
+using device::kWarpThreads;
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(device::fp16_t v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(device::bf16_t v) { return __bfloat162float(v); }
+
+// fn(index, value) for every element of the row, strided over the block's threads.
+template <typename T, typename Fn>
+__device__ __forceinline__ void ForEach(const T* row, int64_t n, Fn&& fn) {
+  constexpr int kVec = device::kVecSize<T>;
+  int64_t start = 0;
+  if (device::is_aligned<16>(row)) {
+    using Vec = AlignedVector<T, kVec>;
+    const int64_t num_vecs = n / kVec;
+    for (int64_t v = threadIdx.x; v < num_vecs; v += blockDim.x) {
+      Vec a;
+      a.load(row, v);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) fn(v * kVec + k, ToFloat(a[k]));
+    }
+    start = num_vecs * kVec;
+  }
+  for (int64_t i = start + threadIdx.x; i < n; i += blockDim.x) fn(i, ToFloat(row[i]));
+}
+
+// Order-preserving map float -> uint32 (for non-NaN); -0 and +0 map to the same key.
+__device__ __forceinline__ uint32_t Key(float f) {
+  if (f == 0.0f) f = 0.0f;
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive prefix sum over the block in thread order; *total gets the block sum.
+// Block size: a multiple of 32, at most 1024.
+__device__ __forceinline__ float BlockExclusiveScan(float value, float* total) {
+  __shared__ float warp_sums[kWarpThreads];
+  const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
+  const unsigned num_warps = blockDim.x / kWarpThreads;
+  float incl = value;
+#pragma unroll
+  for (int offset = 1; offset < kWarpThreads; offset <<= 1) {
+    const float t = __shfl_up_sync(kFullMask, incl, offset);
+    if (lane >= static_cast<unsigned>(offset)) incl += t;
+  }
+  float excl = __shfl_up_sync(kFullMask, incl, 1);
+  if (lane == 0) excl = 0.0f;
+  __syncthreads();  // earlier users of warp_sums are done
+  if (lane == kWarpThreads - 1) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < num_warps ? warp_sums[lane] : 0.0f;
+#pragma unroll
+    for (int offset = 1; offset < kWarpThreads; offset <<= 1) {
+      const float t = __shfl_up_sync(kFullMask, s, offset);
+      if (lane >= static_cast<unsigned>(offset)) s += t;
+    }
+    warp_sums[lane] = s;  // inclusive over warps
+  }
+  __syncthreads();
+  const float warp_offset = warp == 0 ? 0.0f : warp_sums[warp - 1];
+  *total = warp_sums[num_warps - 1];
+  __syncthreads();  // keep warp_sums until everyone has read it
+  return warp_offset + excl;
+}
+
+// Inverse CDF over w(i, x) (0 for dropped tokens) in index order: the first i whose running
+// sum exceeds u * sum(w). Each thread owns a contiguous chunk so index order = thread order.
+template <typename T, typename WeightFn>
+__device__ __forceinline__ int64_t SampleIndex(const T* row, int64_t n, float u, WeightFn&& w) {
+  const int64_t chunk = (n + blockDim.x - 1) / blockDim.x;
+  const int64_t begin = min(n, static_cast<int64_t>(threadIdx.x) * chunk);
+  const int64_t end = min(n, begin + chunk);
+  float local = 0.0f;
+  int64_t last_kept = -1;
+  for (int64_t i = begin; i < end; ++i) {
+    const float wi = w(ToFloat(row[i]));
+    local += wi;
+    if (wi > 0.0f) last_kept = i;
+  }
+  float total = 0.0f;
+  const float excl = BlockExclusiveScan(local, &total);
+  const float target = u * total;
+  int64_t found = INT64_MAX;
+  if (excl + local > target) {  // this chunk may hold the token: walk it again
+    float cum = excl;
+    for (int64_t i = begin; i < end; ++i) {
+      const float wi = w(ToFloat(row[i]));
+      if (wi <= 0.0f) continue;
+      cum += wi;
+      if (cum > target) {
+        found = i;
+        break;
+      }
+    }
+  }
+  // First hit over the block (max of the negation = min); several chunks can claim one only
+  // through rounding, and the earliest wins.
+  found = -device::block_reduce_max(-found);
+  if (found >= n) {  // u * total rounded past the sum: take the last kept token
+    found = device::block_reduce_max(last_kept);
+    if (found < 0) found = 0;  // nothing kept (all weights 0)
+  }
+  return found;
+}
+
+// true if (va, ia) is preferred to (vb, ib) as argmax: NaN first (like torch), then the larger
+// value, then the smaller index.
+__device__ __forceinline__ bool Better(float va, int64_t ia, float vb, int64_t ib) {
+  const bool na = isnan(va), nb = isnan(vb);
+  if (na != nb) return na;
+  if (!na && va != vb) return va > vb;
+  return ia < ib;
+}
+
+template <typename T>
+__global__ void GreedyKernel(int64_t* __restrict__ out, const T* __restrict__ logits,
+                             int64_t vocab, int64_t stride) {
+  __shared__ float part_v[kWarpThreads];
+  __shared__ int64_t part_i[kWarpThreads];
+  device::pdl_wait_primary();
+  const T* row = logits + static_cast<int64_t>(blockIdx.x) * stride;
+  float best_v = -INFINITY;
+  int64_t best_i = INT64_MAX;
+  ForEach(row, vocab, [&](int64_t i, float v) {
+    if (Better(v, i, best_v, best_i)) {
+      best_v = v;
+      best_i = i;
+    }
+  });
+  // Warp, then block, reduction of the (value, index) pairs.
+#pragma unroll
+  for (int offset = kWarpThreads / 2; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(kFullMask, best_v, offset);
+    const int64_t i = __shfl_xor_sync(kFullMask, best_i, offset);
+    if (Better(v, i, best_v, best_i)) {
+      best_v = v;
+      best_i = i;
+    }
+  }
+  const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
+  if (lane == 0) {
+    part_v[warp] = best_v;
+    part_i[warp] = best_i;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const bool valid = lane < blockDim.x / kWarpThreads;
+    best_v = valid ? part_v[lane] : -INFINITY;
+    best_i = valid ? part_i[lane] : INT64_MAX;
+#pragma unroll
+    for (int offset = kWarpThreads / 2; offset > 0; offset >>= 1) {
+      const float v = __shfl_xor_sync(kFullMask, best_v, offset);
+      const int64_t i = __shfl_xor_sync(kFullMask, best_i, offset);
+      if (Better(v, i, best_v, best_i)) {
+        best_v = v;
+        best_i = i;
+      }
+    }
+    if (lane == 0) out[blockIdx.x] = best_i;
+  }
+  device::pdl_launch_dependents();
+}
+
+template <typename T>
+__device__ __forceinline__ float RowMax(const T* row, int64_t n) {
+  float m = -INFINITY;
+  ForEach(row, n, [&](int64_t, float v) { m = fmaxf(m, v); });
+  return device::block_reduce_max(m);
+}
+
+template <typename T>
+__global__ void TopKTopPKernel(int64_t* __restrict__ out, const T* __restrict__ logits,
+                               int64_t vocab, int64_t stride, const float* __restrict__ uniforms,
+                               const int64_t* __restrict__ top_k,
+                               const float* __restrict__ top_p) {
+  device::pdl_wait_primary();
+  const int64_t b = blockIdx.x;
+  const T* row = logits + b * stride;
+  const float row_max = RowMax(row, vocab);
+  // Invalid per-row values are clamped here (the host cannot check device data without a sync).
+  const int64_t k = top_k[b];
+  const float p = fminf(fmaxf(top_p[b], 0.0f), 1.0f);
+  const float u = fminf(fmaxf(uniforms[b], 0.0f), 0x1.fffffep-1f);
+
+  // Invariant of both searches: the set {key >= lo} is valid, {key >= hi} is not; c_lo and
+  // c_hi are their sizes. Once they differ by at most one token, {key >= lo} is the answer.
+  uint64_t lo = 0;
+  uint64_t hi = static_cast<uint64_t>(Key(row_max)) + 1;  // empty set
+  int64_t c_lo = vocab, c_hi = 0;
+  if (k > 0 && k < vocab) {  // largest lo with count(key >= lo) >= k
+    while (hi - lo > 1 && c_lo - c_hi > 1 && c_lo != k) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      int64_t c = 0;
+      ForEach(row, vocab, [&](int64_t, float v) { c += Key(v) >= mid; });
+      c = device::block_reduce_sum(c);
+      if (c >= k) {
+        lo = mid;
+        c_lo = c;
+      } else {
+        hi = mid;
+        c_hi = c;
+      }
+    }
+  }
+  if (p < 1.0f) {  // largest lo with mass(key >= lo) >= p * mass(top-k set)
+    auto mass = [&](uint64_t t, int64_t* count) {
+      float s = 0.0f;
+      int64_t c = 0;
+      ForEach(row, vocab, [&](int64_t, float v) {
+        if (Key(v) >= t) {
+          s += expf(v - row_max);
+          ++c;
+        }
+      });
+      *count = device::block_reduce_sum(c);
+      return device::block_reduce_sum(s);
+    };
+    const float target = p * mass(lo, &c_lo);
+    hi = static_cast<uint64_t>(Key(row_max)) + 1;
+    c_hi = 0;
+    while (hi - lo > 1 && c_lo - c_hi > 1) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      int64_t c = 0;
+      if (mass(mid, &c) >= target) {
+        lo = mid;
+        c_lo = c;
+      } else {
+        hi = mid;
+        c_hi = c;
+      }
+    }
+  }
+  const uint64_t threshold = lo;
+  const int64_t token = SampleIndex(row, vocab, u, [&](float v) {
+    return Key(v) >= threshold ? expf(v - row_max) : 0.0f;
+  });
+  if (threadIdx.x == 0) out[b] = token;
+  device::pdl_launch_dependents();
+}
+
+template <typename T>
+__global__ void MinPKernel(int64_t* __restrict__ out, const T* __restrict__ probs, int64_t vocab,
+                           int64_t stride, const float* __restrict__ uniforms,
+                           const float* __restrict__ min_p) {
+  device::pdl_wait_primary();
+  const int64_t b = blockIdx.x;
+  const T* row = probs + b * stride;
+  const float max_p = RowMax(row, vocab);
+  const float threshold = fminf(fmaxf(min_p[b], 0.0f), 1.0f) * max_p;
+  const float u = fminf(fmaxf(uniforms[b], 0.0f), 0x1.fffffep-1f);
+  const int64_t token =
+      SampleIndex(row, vocab, u, [&](float v) { return v >= threshold ? v : 0.0f; });
+  if (threadIdx.x == 0) out[b] = token;
+  device::pdl_launch_dependents();
+}
+
+struct Rows {
+  int64_t batch;
+  int64_t vocab;
+  int64_t stride;
+  DLDataType dtype;
+};
+
+inline Rows VerifyRows(const char* op, const char* name, tvm::ffi::TensorView x,
+                       host::SymbolicSize& batch, host::SymbolicDevice& device) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  SymbolicSize vocab{"vocab"}, stride{"row_stride"};
+  SymbolicDType dtype{"dtype"};
+  TensorMatcher({batch, vocab})
+      .for_op(op)
+      .with_dtype<float, fp16_t, bf16_t>(dtype)
+      .with_device<kDLCUDA>(device)
+      .with_strides({stride, 1})
+      .verify(x, name);
+  ValueCheck(vocab.unwrap() > 0, op, ": argument '", name, "': the vocab dim must be non-empty");
+  RuntimeCheck(batch.unwrap() <= 0x7fffffff, op, ": batch ", batch.unwrap(), " is too large");
+  return {batch.unwrap(), vocab.unwrap(), stride.unwrap(), dtype.unwrap()};
+}
+
+template <typename T>
+inline const T* VerifyPerRow(const char* op, const char* name, tvm::ffi::TensorView t,
+                             host::SymbolicSize& batch, host::SymbolicDevice& device) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  TensorMatcher({batch}).for_op(op).with_device<kDLCUDA>(device).with_dtype<T>().verify(t, name);
+  return data_ptr<const T>(t);
+}
+
+inline int64_t* VerifyOut(const char* op, tvm::ffi::TensorView out, host::SymbolicSize& batch,
+                          host::SymbolicDevice& device) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  TensorMatcher({batch})
+      .for_op(op)
+      .with_dtype<int64_t>()
+      .with_device<kDLCUDA>(device)
+      .verify(out, "out");
+  return data_ptr<int64_t>(out);
+}
+
+// Enough threads for the row (a multiple of 32 for the reductions), at most 1024.
+inline int ThreadsFor(int64_t vocab) {
+  return static_cast<int>(std::clamp<int64_t>(host::div_ceil(vocab, 32) * 32, 32, 1024));
+}
+
+// Calls launch(kernel_type_tag) with the element type of rows.dtype.
+template <typename Fn>
+inline void WithType(const Rows& rows, Fn&& fn) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  if (rows.dtype == kDType<float>) {
+    fn(float{});
+  } else if (rows.dtype == kDType<fp16_t>) {
+    fn(fp16_t{});
+  } else {
+    fn(bf16_t{});
+  }
+}
+
+}  // namespace sampling_detail
+
+/*! \brief out[b] = argmax(logits[b]) (first index on ties; a NaN wins, like torch.argmax). */
+inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits) {
+  using namespace sampling_detail;  // NOLINT(*)
+  host::SymbolicSize batch{"batch"};
+  host::SymbolicDevice device{"device"};
+  const Rows rows = VerifyRows("greedy_sample", "logits", logits, batch, device);
+  int64_t* dst = VerifyOut("greedy_sample", out, batch, device);
+  if (rows.batch == 0) return;
+  WithType(rows, [&](auto tag) {
+    using T = decltype(tag);
+    host::LaunchKernel(dim3(static_cast<unsigned>(rows.batch)), dim3(ThreadsFor(rows.vocab)),
+                       device.unwrap())
+        .enable_pdl(true)(GreedyKernel<T>, dst, host::data_ptr<const T>(logits), rows.vocab,
+                          rows.stride);
+  });
+}
+
+/*!
+ * \brief Sample from softmax(logits) restricted by top-k then top-p (rules in sampling.cpp).
+ * \param top_k int64 [batch]; <= 0 disables. \param top_p float32 [batch] in (0, 1] (values
+ *        outside are clamped: no host check of device data). \param uniforms float32 [batch].
+ */
+inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits,
+                               tvm::ffi::TensorView uniforms, tvm::ffi::TensorView top_k,
+                               tvm::ffi::TensorView top_p) {
+  using namespace sampling_detail;  // NOLINT(*)
+  constexpr const char* kOp = "top_k_top_p_sample";
+  host::SymbolicSize batch{"batch"};
+  host::SymbolicDevice device{"device"};
+  const Rows rows = VerifyRows(kOp, "logits", logits, batch, device);
+  int64_t* dst = VerifyOut(kOp, out, batch, device);
+  const float* u = VerifyPerRow<float>(kOp, "uniforms", uniforms, batch, device);
+  const int64_t* ks = VerifyPerRow<int64_t>(kOp, "top_k", top_k, batch, device);
+  const float* ps = VerifyPerRow<float>(kOp, "top_p", top_p, batch, device);
+  if (rows.batch == 0) return;
+  WithType(rows, [&](auto tag) {
+    using T = decltype(tag);
+    host::LaunchKernel(dim3(static_cast<unsigned>(rows.batch)), dim3(ThreadsFor(rows.vocab)),
+                       device.unwrap())
+        .enable_pdl(true)(TopKTopPKernel<T>, dst, host::data_ptr<const T>(logits), rows.vocab,
+                          rows.stride, u, ks, ps);
+  });
+}
+
+/*!
+ * \brief Sample from probs restricted to p >= min_p * max(p), renormalized.
+ * \param min_p float32 [batch] in [0, 1] (clamped). \param uniforms float32 [batch].
+ */
+inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
+                         tvm::ffi::TensorView uniforms, tvm::ffi::TensorView min_p) {
+  using namespace sampling_detail;  // NOLINT(*)
+  constexpr const char* kOp = "min_p_sample";
+  host::SymbolicSize batch{"batch"};
+  host::SymbolicDevice device{"device"};
+  const Rows rows = VerifyRows(kOp, "probs", probs, batch, device);
+  int64_t* dst = VerifyOut(kOp, out, batch, device);
+  const float* u = VerifyPerRow<float>(kOp, "uniforms", uniforms, batch, device);
+  const float* mp = VerifyPerRow<float>(kOp, "min_p", min_p, batch, device);
+  if (rows.batch == 0) return;
+  WithType(rows, [&](auto tag) {
+    using T = decltype(tag);
+    host::LaunchKernel(dim3(static_cast<unsigned>(rows.batch)), dim3(ThreadsFor(rows.vocab)),
+                       device.unwrap())
+        .enable_pdl(true)(MinPKernel<T>, dst, host::data_ptr<const T>(probs), rows.vocab,
+                          rows.stride, u, mp);
+  });
+}
+
+}  // namespace mllm_kernel::gpu
+
+#endif  // MLLM_KERNEL_KERNELS_SAMPLING_CUH_

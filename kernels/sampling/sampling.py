@@ -1,0 +1,188 @@
+"""Token sampling (kernels/sampling/sampling.cpp, sampling.cuh).
+
+- greedy_sample(logits): argmax per row (ties -> lowest index, like torch.argmax).
+- top_k_top_p_sample(logits, top_k, top_p, generator=None): sample from softmax(logits)
+  restricted to the top-k logits (ties at the k-th value kept; top_k <= 0 disables), then to
+  the smallest descending-probability prefix whose mass, relative to the top-k set, is >= top_p
+  (ties kept; top_p >= 1 disables; the top token always stays).
+- min_p_sample(probs, min_p, generator=None): sample from probs restricted to
+  p >= min_p * max(p), renormalized.
+
+The uniforms are drawn here with torch (one float32 per row, from `generator` when given) and
+the kernel picks the first token, in index order, whose running kept weight exceeds u * total.
+So a seeded generator makes sampling deterministic, and CPU and CUDA agree for the same
+uniforms up to float rounding at CDF boundaries. The *_from_uniforms variants take the
+uniforms directly.
+
+logits / probs: [batch, vocab] float32 / float16 / bfloat16, unit last stride (a row stride is
+fine). Per-row parameters: int64 top_k, float32 top_p / min_p, shape [batch], on the logits'
+device. Ranges of per-row parameters are checked on CPU; on CUDA they are clamped in the kernel
+(checking device data would need a host sync).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mllm_kernel.jit_utils import JitSpec, cache_once
+
+_EXPORTS = ("greedy_sample", "top_k_top_p_sample", "min_p_sample")
+
+SPECS = {
+    "cpu": JitSpec(
+        name="sampling",
+        device="cpu",
+        cpp_files=("sampling/sampling.cpp",),
+        cpp_wrappers=tuple((name, f"mllm_kernel::cpu::{name}") for name in _EXPORTS),
+    ),
+    "cuda": JitSpec(
+        name="sampling",
+        device="cuda",
+        cuda_files=("sampling/sampling.cuh",),
+        cuda_wrappers=tuple((name, f"mllm_kernel::gpu::{name}") for name in _EXPORTS),
+    ),
+}
+
+
+@cache_once
+def _module(device_type: str):
+    return SPECS[device_type].load()
+
+
+def _device_type(x: torch.Tensor, op: str) -> str:
+    if x.device.type not in SPECS:
+        raise ValueError(f"{op}: unsupported device {x.device}; expected cpu or cuda")
+    return x.device.type
+
+
+def _check_rows(x: torch.Tensor, op: str, name: str) -> int:
+    _device_type(x, op)
+    if x.dim() != 2:
+        raise ValueError(f"{op}: {name} must be 2-D [batch, vocab], got shape {tuple(x.shape)}")
+    return x.shape[0]
+
+
+def _empty_tokens(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+
+@torch.library.custom_op("mllm_kernel::greedy_sample", mutates_args=())
+def _greedy_op(logits: torch.Tensor) -> torch.Tensor:
+    out = _empty_tokens(logits)
+    _module(_device_type(logits, "greedy_sample")).greedy_sample(out, logits)
+    return out
+
+
+@_greedy_op.register_fake
+def _(logits: torch.Tensor) -> torch.Tensor:
+    return _empty_tokens(logits)
+
+
+@torch.library.custom_op("mllm_kernel::top_k_top_p_sample", mutates_args=())
+def _top_k_top_p_op(
+    logits: torch.Tensor, uniforms: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    out = _empty_tokens(logits)
+    _module(_device_type(logits, "top_k_top_p_sample")).top_k_top_p_sample(out, logits, uniforms, top_k, top_p)
+    return out
+
+
+@_top_k_top_p_op.register_fake
+def _(logits, uniforms, top_k, top_p):
+    return _empty_tokens(logits)
+
+
+@torch.library.custom_op("mllm_kernel::min_p_sample", mutates_args=())
+def _min_p_op(probs: torch.Tensor, uniforms: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    out = _empty_tokens(probs)
+    _module(_device_type(probs, "min_p_sample")).min_p_sample(out, probs, uniforms, min_p)
+    return out
+
+
+@_min_p_op.register_fake
+def _(probs, uniforms, min_p):
+    return _empty_tokens(probs)
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def _per_row(value, batch: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A scalar becomes a [batch] tensor; a tensor is passed through (the C++ side checks it)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.full((batch,), value, dtype=dtype, device=device)
+
+
+def _scalar_top_k(top_k) -> int:
+    if isinstance(top_k, torch.Tensor):
+        return top_k
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise ValueError(f"top_k_top_p_sample: top_k must be an int or an int64 tensor, got {top_k!r}")
+    return top_k
+
+
+def _scalar_in_range(value, op: str, name: str, low: float, low_inclusive: bool):
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{op}: {name} must be a float or a float32 tensor, got {value!r}")
+    value = float(value)
+    ok_low = value >= low if low_inclusive else value > low
+    if not (ok_low and value <= 1.0) or math.isnan(value):
+        interval = f"{'[' if low_inclusive else '('}{low:g}, 1]"
+        raise ValueError(f"{op}: {name} must be in {interval}, got {value}")
+    return value
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+    """argmax of each row of logits [batch, vocab] -> int64 [batch]."""
+    _check_rows(logits, "greedy_sample", "logits")
+    return _greedy_op(logits)
+
+
+def top_k_top_p_sample_from_uniforms(
+    logits: torch.Tensor, uniforms: torch.Tensor, top_k, top_p
+) -> torch.Tensor:
+    """top_k_top_p_sample with the float32 [batch] uniforms in [0, 1) given."""
+    batch = _check_rows(logits, "top_k_top_p_sample", "logits")
+    top_k = _scalar_top_k(top_k)
+    top_p = _scalar_in_range(top_p, "top_k_top_p_sample", "top_p", 0.0, low_inclusive=False)
+    return _top_k_top_p_op(
+        logits,
+        uniforms,
+        _per_row(top_k, batch, logits.device, torch.int64),
+        _per_row(top_p, batch, logits.device, torch.float32),
+    )
+
+
+def top_k_top_p_sample(logits: torch.Tensor, top_k, top_p, generator=None) -> torch.Tensor:
+    """Sample one token per row of logits [batch, vocab] from softmax(logits) restricted by
+    top-k (int or int64 [batch]; <= 0 disables) then top-p (float or float32 [batch] in (0, 1];
+    1 disables). Returns int64 [batch]."""
+    batch = _check_rows(logits, "top_k_top_p_sample", "logits")
+    uniforms = torch.rand(batch, generator=generator, device=logits.device, dtype=torch.float32)
+    return top_k_top_p_sample_from_uniforms(logits, uniforms, top_k, top_p)
+
+
+def min_p_sample_from_uniforms(probs: torch.Tensor, uniforms: torch.Tensor, min_p) -> torch.Tensor:
+    """min_p_sample with the float32 [batch] uniforms in [0, 1) given."""
+    batch = _check_rows(probs, "min_p_sample", "probs")
+    min_p = _scalar_in_range(min_p, "min_p_sample", "min_p", 0.0, low_inclusive=True)
+    return _min_p_op(probs, uniforms, _per_row(min_p, batch, probs.device, torch.float32))
+
+
+def min_p_sample(probs: torch.Tensor, min_p, generator=None) -> torch.Tensor:
+    """Sample one token per row of probs [batch, vocab] (already normalized) among the tokens
+    with p >= min_p * max(p) (min_p: float or float32 [batch] in [0, 1]). Returns int64 [batch]."""
+    batch = _check_rows(probs, "min_p_sample", "probs")
+    uniforms = torch.rand(batch, generator=generator, device=probs.device, dtype=torch.float32)
+    return min_p_sample_from_uniforms(probs, uniforms, min_p)

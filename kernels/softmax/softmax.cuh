@@ -1,0 +1,211 @@
+/*!
+ * \file kernels/softmax/softmax.cuh
+ * \brief CUDA softmax / log_softmax over the last dim (float32, float16, bfloat16) on torch's
+ *        current stream; float32 accumulation.
+ *
+ * One block per row. Pass 1 reads the row once and keeps a per-thread online (max, sum of exp),
+ * combined by two block reductions. Pass 2 writes the output; when the row fits in shared
+ * memory pass 1 also copies it there, so global memory is read once and written once.
+ * 16-byte vector accesses when both pointers, the row stride and the vocab allow them.
+ *
+ * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
+ * mllm_kernel::gpu::softmax and mllm_kernel::gpu::log_softmax.
+ */
+#ifndef MLLM_KERNEL_KERNELS_SOFTMAX_CUH_
+#define MLLM_KERNEL_KERNELS_SOFTMAX_CUH_
+
+#include <mllm_kernel/tensor.hpp>
+#include <mllm_kernel/utils.cuh>
+#include <mllm_kernel/utils.hpp>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+namespace mllm_kernel::gpu {
+
+namespace softmax_detail {
+
+using device::AlignedVector;
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T v) {
+  return static_cast<float>(v);
+}
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, device::fp16_t>) {
+    return __float2half_rn(v);
+  } else {
+    return __float2bfloat16_rn(v);
+  }
+}
+
+// Adds a chunk (already scaled, chunk_max its max) to a running (max, sum of exp(v - max)).
+// One rescale per chunk instead of per element.
+__device__ __forceinline__ void OnlineUpdate(float& run_max, float& run_sum, float chunk_max,
+                                             const float* v, int n) {
+  const float new_max = fmaxf(run_max, chunk_max);
+  if (new_max == -INFINITY) return;  // everything so far is -inf: contributes nothing
+  float s = run_max == -INFINITY ? 0.0f : run_sum * expf(run_max - new_max);
+  for (int k = 0; k < n; ++k) s += expf(v[k] - new_max);
+  run_max = new_max;
+  run_sum = s;
+}
+
+// kVec: elements per access (16 bytes / sizeof(T), or 1 for the scalar path).
+// kCache: keep the row in dynamic shared memory between the two passes.
+template <typename T, int kVec, bool kCache, bool kLog>
+__global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int64_t vocab,
+                              int64_t x_stride, float inv_temp) {
+  using Vec = AlignedVector<T, kVec>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Vec* cache = reinterpret_cast<Vec*>(smem_raw);
+  const int64_t row = blockIdx.x;
+  const T* x_row = x + row * x_stride;
+  T* out_row = out + row * vocab;
+  const int64_t num_vecs = vocab / kVec;  // the launcher guarantees vocab % kVec == 0
+
+  device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
+  float run_max = -INFINITY, run_sum = 0.0f;
+  for (int64_t v = threadIdx.x; v < num_vecs; v += blockDim.x) {
+    Vec in;
+    in.load(x_row, v);
+    if constexpr (kCache) cache[v] = in;
+    float f[kVec];
+    float chunk_max = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      f[k] = ToFloat(in[k]) * inv_temp;
+      chunk_max = fmaxf(chunk_max, f[k]);
+    }
+    OnlineUpdate(run_max, run_sum, chunk_max, f, kVec);
+  }
+  const float row_max = device::block_reduce_max(run_max);
+  const float part = (run_max == -INFINITY) ? 0.0f : run_sum * expf(run_max - row_max);
+  const float sum = device::block_reduce_sum(part);  // syncs: the cache is complete after it
+  const float log_sum = logf(sum);
+  const float inv_sum = 1.0f / sum;
+
+  for (int64_t v = threadIdx.x; v < num_vecs; v += blockDim.x) {
+    Vec in;
+    if constexpr (kCache) {
+      in = cache[v];
+    } else {
+      in.load(x_row, v);
+    }
+    Vec o;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float z = ToFloat(in[k]) * inv_temp - row_max;
+      o[k] = FromFloat<T>(kLog ? z - log_sum : expf(z) * inv_sum);
+    }
+    o.store(out_row, v);
+  }
+  device::pdl_launch_dependents();
+}
+
+// Opt-in shared memory per block, queried once per device.
+inline int64_t MaxSmemPerBlock(int device) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<int> cache[kMaxCachedDevices] = {};
+  if (device >= 0 && device < kMaxCachedDevices) {
+    if (const int v = cache[device].load(std::memory_order_relaxed); v != 0) return v;
+  }
+  int value = 0;
+  MLLM_CUDA_CHECK(
+      cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (device >= 0 && device < kMaxCachedDevices) {
+    cache[device].store(value, std::memory_order_relaxed);
+  }
+  return value;
+}
+
+template <typename T, int kVec, bool kLog>
+void LaunchTyped(DLDevice dev, T* out, const T* x, int64_t rows, int64_t vocab, int64_t stride,
+                 float inv_temp) {
+  const int64_t work = vocab / kVec;
+  // Enough threads for the row, a multiple of 32 (block reductions), at most 1024.
+  const int threads =
+      static_cast<int>(std::clamp<int64_t>(host::div_ceil(work, 32) * 32, 32, 1024));
+  // Leave room for the reductions' static shared memory (<= 1 KiB).
+  const int64_t row_bytes = vocab * static_cast<int64_t>(sizeof(T));
+  const bool cache = row_bytes <= MaxSmemPerBlock(dev.device_id) - 1024;
+  host::RuntimeCheck(rows <= 0x7fffffff, "softmax: too many rows (", rows, ") for one grid");
+  const dim3 grid(static_cast<unsigned>(rows));
+  if (cache) {
+    host::LaunchKernel(grid, dim3(threads), dev, static_cast<size_t>(row_bytes))
+        .enable_pdl(true)(SoftmaxKernel<T, kVec, true, kLog>, out, x, vocab, stride, inv_temp);
+  } else {
+    host::LaunchKernel(grid, dim3(threads), dev)
+        .enable_pdl(true)(SoftmaxKernel<T, kVec, false, kLog>, out, x, vocab, stride, inv_temp);
+  }
+}
+
+template <typename T, bool kLog>
+void Dispatch(DLDevice dev, tvm::ffi::TensorView out, tvm::ffi::TensorView x, int64_t rows,
+              int64_t vocab, int64_t stride, float inv_temp) {
+  T* o = host::data_ptr<T>(out);
+  const T* in = host::data_ptr<const T>(x);
+  constexpr int kVec = device::kVecSize<T>;
+  // Every row start must be 16-byte aligned: base pointers, vocab (out rows) and stride.
+  const bool vectorized = device::is_aligned<16>(o) && device::is_aligned<16>(in) &&
+                          vocab % kVec == 0 && stride % kVec == 0;
+  if (vectorized) {
+    LaunchTyped<T, kVec, kLog>(dev, o, in, rows, vocab, stride, inv_temp);
+  } else {
+    LaunchTyped<T, 1, kLog>(dev, o, in, rows, vocab, stride, inv_temp);
+  }
+}
+
+template <bool kLog>
+void Run(const char* op, tvm::ffi::TensorView out, tvm::ffi::TensorView x, float inv_temp) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  SymbolicSize rows{"rows"}, vocab{"vocab"}, x_stride{"x_row_stride"};
+  SymbolicDType dtype{"dtype"};
+  SymbolicDevice device{"device"};
+  TensorMatcher({rows, vocab})
+      .for_op(op)
+      .with_dtype<float, fp16_t, bf16_t>(dtype)
+      .with_device<kDLCUDA>(device)
+      .verify(out, "out");
+  TensorMatcher({rows, vocab})
+      .for_op(op)
+      .with_dtype<float, fp16_t, bf16_t>(dtype)
+      .with_device<kDLCUDA>(device)
+      .with_strides({x_stride, 1})
+      .verify(x, "x");
+  const int64_t n_rows = rows.unwrap(), n = vocab.unwrap(), stride = x_stride.unwrap();
+  if (n_rows == 0 || n == 0) return;  // a zero-block grid is a launch error
+  const DLDevice dev = device.unwrap();
+  if (dtype.is<float>()) {
+    Dispatch<float, kLog>(dev, out, x, n_rows, n, stride, inv_temp);
+  } else if (dtype.is<fp16_t>()) {
+    Dispatch<fp16_t, kLog>(dev, out, x, n_rows, n, stride, inv_temp);
+  } else {
+    Dispatch<bf16_t, kLog>(dev, out, x, n_rows, n, stride, inv_temp);
+  }
+}
+
+}  // namespace softmax_detail
+
+/*! \brief out = softmax(x / temperature) over the last dim; temperature > 0. */
+inline void softmax(tvm::ffi::TensorView out, tvm::ffi::TensorView x, double temperature) {
+  host::ValueCheck(temperature > 0.0 && std::isfinite(temperature),
+                   "softmax: temperature must be a positive finite number, got ", temperature);
+  softmax_detail::Run<false>("softmax", out, x, static_cast<float>(1.0 / temperature));
+}
+
+/*! \brief out = log_softmax(x) over the last dim. */
+inline void log_softmax(tvm::ffi::TensorView out, tvm::ffi::TensorView x) {
+  softmax_detail::Run<true>("log_softmax", out, x, 1.0f);
+}
+
+}  // namespace mllm_kernel::gpu
+
+#endif  // MLLM_KERNEL_KERNELS_SOFTMAX_CUH_

@@ -1,0 +1,161 @@
+/*!
+ * \file kernels/softmax/softmax_simd.hpp
+ * \brief Highway per-target body of the CPU softmax / log_softmax kernels.
+ *
+ * Re-included once per SIMD target by <hwy/foreach_target.h> (see HWY_TARGET_INCLUDE in
+ * softmax.cpp), hence the toggling guard instead of #pragma once.
+ */
+#if defined(MLLM_KERNEL_SOFTMAX_SIMD_HPP_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MLLM_KERNEL_SOFTMAX_SIMD_HPP_
+#undef MLLM_KERNEL_SOFTMAX_SIMD_HPP_
+#else
+#define MLLM_KERNEL_SOFTMAX_SIMD_HPP_
+#endif
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+HWY_BEFORE_NAMESPACE();
+namespace mllm_kernel::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+namespace softmax_detail {
+
+using DF = hn::ScalableTag<float>;
+
+// Full vector of float32 from T (float, hwy::float16_t or hwy::bfloat16_t).
+template <typename T>
+HWY_INLINE hn::Vec<DF> LoadF(DF df, const T* HWY_RESTRICT p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadU(df, p);
+  } else {
+    const hn::Rebind<T, DF> dh;  // half-width vector of 16-bit lanes
+    return hn::PromoteTo(df, hn::LoadU(dh, p));
+  }
+}
+
+// First n (< Lanes) elements; the other lanes are zero.
+template <typename T>
+HWY_INLINE hn::Vec<DF> LoadFN(DF df, const T* HWY_RESTRICT p, size_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadN(df, p, n);
+  } else {
+    const hn::Rebind<T, DF> dh;
+    return hn::PromoteTo(df, hn::LoadN(dh, p, n));
+  }
+}
+
+template <typename T>
+HWY_INLINE void StoreF(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p) {
+  if constexpr (std::is_same_v<T, float>) {
+    hn::StoreU(v, df, p);
+  } else {
+    const hn::Rebind<T, DF> dh;
+    hn::StoreU(hn::DemoteTo(dh, v), dh, p);
+  }
+}
+
+template <typename T>
+HWY_INLINE void StoreFN(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p, size_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    hn::StoreN(v, df, p, n);
+  } else {
+    const hn::Rebind<T, DF> dh;
+    hn::StoreN(hn::DemoteTo(dh, v), dh, p, n);
+  }
+}
+
+// One row: out = softmax(x * inv_temp) or log_softmax(x * inv_temp), accumulated in float32.
+// Three passes over the row (max, sum of exp, write): a vocab row fits in L2, so recomputing
+// exp beats a scratch buffer and keeps fp16/bf16 outputs rounded once.
+template <typename T>
+HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, float inv_temp,
+                    bool log) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  const auto neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
+
+  // Pass 1: max of x (the scale is positive, so max(x * s) = max(x) * s).
+  auto vmax0 = neg_inf, vmax1 = neg_inf;  // two accumulators hide the max latency
+  size_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    vmax0 = hn::Max(vmax0, LoadF(df, x + i));
+    vmax1 = hn::Max(vmax1, LoadF(df, x + i + lanes));
+  }
+  for (; i + lanes <= n; i += lanes) vmax0 = hn::Max(vmax0, LoadF(df, x + i));
+  if (i < n) {  // zero-filled lanes must not win the max
+    const auto tail = hn::IfThenElse(hn::FirstN(df, n - i), LoadFN(df, x + i, n - i), neg_inf);
+    vmax0 = hn::Max(vmax0, tail);
+  }
+  const float row_max = hn::ReduceMax(df, hn::Max(vmax0, vmax1));
+  // Shift by the scaled max: exp arguments are <= 0, no overflow.
+  const auto vs = hn::Set(df, inv_temp);
+  const auto vshift = hn::Set(df, row_max * inv_temp);
+  auto scaled = [&](hn::Vec<DF> v) { return hn::MulSub(v, vs, vshift); };
+
+  // Pass 2: sum of exp(x * s - max * s).
+  auto vsum0 = hn::Zero(df), vsum1 = hn::Zero(df);
+  i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    vsum0 = hn::Add(vsum0, hn::Exp(df, scaled(LoadF(df, x + i))));
+    vsum1 = hn::Add(vsum1, hn::Exp(df, scaled(LoadF(df, x + i + lanes))));
+  }
+  for (; i + lanes <= n; i += lanes) vsum0 = hn::Add(vsum0, hn::Exp(df, scaled(LoadF(df, x + i))));
+  if (i < n) {
+    const auto e = hn::Exp(df, scaled(LoadFN(df, x + i, n - i)));
+    vsum0 = hn::Add(vsum0, hn::IfThenElseZero(hn::FirstN(df, n - i), e));
+  }
+  const float sum = hn::ReduceSum(df, hn::Add(vsum0, vsum1));
+
+  // Pass 3: write.
+  i = 0;
+  if (log) {
+    const auto vlog = hn::Set(df, std::log(sum));
+    for (; i + lanes <= n; i += lanes) StoreF(df, hn::Sub(scaled(LoadF(df, x + i)), vlog), out + i);
+    if (i < n) StoreFN(df, hn::Sub(scaled(LoadFN(df, x + i, n - i)), vlog), out + i, n - i);
+  } else {
+    const auto vinv = hn::Set(df, 1.0f / sum);
+    for (; i + lanes <= n; i += lanes) {
+      StoreF(df, hn::Mul(hn::Exp(df, scaled(LoadF(df, x + i))), vinv), out + i);
+    }
+    if (i < n) {
+      StoreFN(df, hn::Mul(hn::Exp(df, scaled(LoadFN(df, x + i, n - i))), vinv), out + i, n - i);
+    }
+  }
+}
+
+template <typename T>
+HWY_INLINE void Rows(T* out, const T* x, int64_t rows, int64_t vocab, int64_t x_stride,
+                     float inv_temp, bool log) {
+  for (int64_t r = 0; r < rows; ++r) {
+    Row(out + r * vocab, x + r * x_stride, static_cast<size_t>(vocab), inv_temp, log);
+  }
+}
+
+}  // namespace softmax_detail
+
+// One entry point per dtype: HWY_EXPORT needs plain functions. out is contiguous [rows, vocab];
+// x rows are x_stride elements apart.
+void SoftmaxRowsF32(float* out, const float* x, int64_t rows, int64_t vocab, int64_t x_stride,
+                    float inv_temp, bool log) {
+  softmax_detail::Rows(out, x, rows, vocab, x_stride, inv_temp, log);
+}
+void SoftmaxRowsF16(hwy::float16_t* out, const hwy::float16_t* x, int64_t rows, int64_t vocab,
+                    int64_t x_stride, float inv_temp, bool log) {
+  softmax_detail::Rows(out, x, rows, vocab, x_stride, inv_temp, log);
+}
+void SoftmaxRowsBF16(hwy::bfloat16_t* out, const hwy::bfloat16_t* x, int64_t rows,
+                     int64_t vocab, int64_t x_stride, float inv_temp, bool log) {
+  softmax_detail::Rows(out, x, rows, vocab, x_stride, inv_temp, log);
+}
+
+}  // namespace mllm_kernel::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // MLLM_KERNEL_SOFTMAX_SIMD_HPP_

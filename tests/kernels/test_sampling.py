@@ -1,0 +1,412 @@
+"""Token sampling (kernels/sampling) against a float64 Python reference of the same
+inverse-CDF rule, CPU and CUDA."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+try:
+    import mllm_kernel  # noqa: F401
+except ImportError:  # run as a plain script from a checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mllm_kernel.kernels.sampling.sampling import (
+    _module,
+    greedy_sample,
+    min_p_sample,
+    min_p_sample_from_uniforms,
+    top_k_top_p_sample,
+    top_k_top_p_sample_from_uniforms,
+)
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+VOCABS = (1, 3, 17, 127, 1000, 4099)
+BOUNDARY = 1e-6  # uniforms / thresholds closer than this to a CDF boundary are ambiguous
+
+
+def make_logits(batch, vocab, dtype=torch.float32, seed=0, scale=2.0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, vocab, generator=g) * scale).to(dtype=dtype, device=device)
+
+
+def f32(value: float) -> float:
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def ref_keep_top_k_top_p(x: torch.Tensor, k: int, p: float) -> torch.Tensor:
+    """float64 row x -> boolean kept mask (ties at a threshold kept, like the kernels)."""
+    threshold = -float("inf")
+    if 0 < k < x.numel():
+        threshold = x.topk(k).values[-1].item()
+    if p < 1.0:
+        kept = x[x >= threshold].sort(descending=True).values
+        w = torch.exp(kept - x.max())
+        cum = w.cumsum(0)
+        j = int((cum >= p * w.sum()).nonzero()[0])
+        threshold = kept[j].item()
+    return x >= threshold
+
+
+def ref_inverse_cdf(w: torch.Tensor, u: float) -> tuple[int, float]:
+    """First index whose running weight exceeds u * total; and the distance of u * total to
+    the nearest CDF boundary, relative to the total (how safe the comparison is)."""
+    cdf = w.cumsum(0)
+    total = cdf[-1].item()
+    target = u * total
+    index = int((cdf > target).nonzero()[0]) if (cdf > target).any() else int(w.nonzero()[-1])
+    margin = (cdf[w > 0] - target).abs().min().item() / total
+    return index, margin
+
+
+def ref_top_k_top_p(logits, uniforms, top_k, top_p):
+    tokens, margins = [], []
+    for b in range(logits.shape[0]):
+        x = logits[b].double().cpu()
+        keep = ref_keep_top_k_top_p(x, int(top_k[b]), float(top_p[b]))
+        w = torch.where(keep, torch.exp(x - x.max()), torch.zeros_like(x))
+        token, margin = ref_inverse_cdf(w, float(uniforms[b]))
+        tokens.append(token)
+        margins.append(margin)
+    return torch.tensor(tokens), torch.tensor(margins)
+
+
+def ref_min_p(probs, uniforms, min_p):
+    tokens, margins = [], []
+    for b in range(probs.shape[0]):
+        p = probs[b].double().cpu()
+        w = torch.where(p >= float(min_p[b]) * p.max(), p, torch.zeros_like(p))
+        token, margin = ref_inverse_cdf(w, float(uniforms[b]))
+        tokens.append(token)
+        margins.append(margin)
+    return torch.tensor(tokens), torch.tensor(margins)
+
+
+def top_p_between_tokens(x: torch.Tensor, k: int, rank: int) -> float:
+    """A float32 top_p halfway between the masses of the first rank and rank + 1 kept tokens
+    (descending), so the kept prefix is unambiguous: rank + 1 tokens (plus ties)."""
+    x = x.double().cpu()
+    keep = ref_keep_top_k_top_p(x, k, 1.0)
+    w = torch.exp(x[keep].sort(descending=True).values - x.max())
+    cum = (w.cumsum(0) / w.sum()).tolist()
+    rank = min(rank, len(cum) - 1)
+    low = cum[rank - 1] if rank > 0 else 0.0
+    return f32((low + cum[rank]) / 2) if rank + 1 < len(cum) else 1.0
+
+
+def safe_uniforms(batch, seed, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(batch, generator=g).to(device)
+
+
+def assert_tokens_match(tokens, ref_tokens, margins):
+    assert tokens.dtype == torch.int64 and tokens.shape == ref_tokens.shape
+    safe = margins > BOUNDARY
+    assert safe.float().mean() > 0.5, "test inputs land too close to CDF boundaries"
+    assert torch.equal(tokens.cpu()[safe], ref_tokens[safe]), (tokens.cpu(), ref_tokens, margins)
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", VOCABS + (32768,))
+def test_greedy_matches_argmax(vocab, dtype):
+    x = make_logits(5, vocab, dtype, seed=vocab)
+    out = greedy_sample(x)
+    assert out.dtype == torch.int64
+    assert torch.equal(out, torch.argmax(x, dim=-1))
+
+
+def test_greedy_ties_and_nan():
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [0.0, float("nan"), 5.0, float("nan")],
+                      [-float("inf")] * 4, [7.0, 7.0, 7.0, 7.0]])
+    assert torch.equal(greedy_sample(x), torch.argmax(x, dim=-1))
+    for dtype in (torch.float16, torch.bfloat16):
+        assert torch.equal(greedy_sample(x.to(dtype)), torch.argmax(x.to(dtype), dim=-1))
+
+
+def test_greedy_poisoned_out_and_strided_rows():
+    wide = make_logits(6, 300, seed=1)
+    view = wide[:, 5:290]
+    out = torch.full((6,), -7, dtype=torch.int64)
+    _module("cpu").greedy_sample(out, view)
+    assert torch.equal(out, torch.argmax(view, dim=-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_top_k_top_p_matches_reference(vocab, dtype):
+    batch = 6
+    x = make_logits(batch, vocab, dtype, seed=vocab + 1)
+    top_k = torch.tensor([0, 1, 5, 50, vocab, -3], dtype=torch.int64)
+    # top_p per row, chosen between two prefix masses (or disabled).
+    ranks = [0, 2, 3, 10, 30, 1]
+    top_p = torch.tensor([top_p_between_tokens(x[b], int(top_k[b]), ranks[b]) for b in range(batch)],
+                         dtype=torch.float32)
+    top_p[0] = 1.0
+    u = safe_uniforms(batch, seed=vocab)
+    out = top_k_top_p_sample_from_uniforms(x, u, top_k, top_p)
+    ref, margins = ref_top_k_top_p(x, u, top_k, top_p)
+    assert_tokens_match(out, ref, margins)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_top_k_top_p_scalar_params_many_uniforms(dtype):
+    batch, vocab = 64, 1000
+    x = make_logits(1, vocab, dtype, seed=3).expand(batch, vocab)  # row stride 0
+    u = safe_uniforms(batch, seed=4)
+    for k, rank in ((0, 20), (7, 3), (40, 100), (1, 0)):
+        p = top_p_between_tokens(x[0], k, rank)
+        out = top_k_top_p_sample_from_uniforms(x, u, k, p)
+        ref, margins = ref_top_k_top_p(x, u, [k] * batch, [p] * batch)
+        assert_tokens_match(out, ref, margins)
+
+
+def test_top_k_top_p_disabled_equals_plain_sampling():
+    x = make_logits(8, 4099, seed=5)
+    u = safe_uniforms(8, seed=6)
+    plain = top_k_top_p_sample_from_uniforms(x, u, 0, 1.0)
+    assert torch.equal(plain, top_k_top_p_sample_from_uniforms(x, u, 4099, 1.0))
+    assert torch.equal(plain, top_k_top_p_sample_from_uniforms(x, u, -1, 1.0))
+    assert torch.equal(plain, top_k_top_p_sample_from_uniforms(x, u, 10**9, 1.0))
+    ref, margins = ref_min_p(torch.softmax(x.double(), -1), u, [0.0] * 8)  # no filter at all
+    assert_tokens_match(plain, ref, margins)
+
+
+def test_top_k_distribution():
+    batch, vocab, k = 4096, 127, 5
+    x = make_logits(1, vocab, seed=7, scale=1.0)
+    rows = x.expand(batch, vocab)
+    g = torch.Generator().manual_seed(8)
+    tokens = top_k_top_p_sample(rows, k, 1.0, generator=g)
+    allowed = set(x[0].topk(k).indices.tolist())
+    assert set(tokens.tolist()) <= allowed
+    probs = torch.softmax(x[0, list(allowed)].double(), 0)
+    freq = torch.tensor([(tokens == t).double().mean().item() for t in allowed])
+    assert (freq - probs).abs().max() < 0.03
+
+
+def test_top_p_distribution_keeps_prefix():
+    batch, vocab = 4096, 300
+    x = make_logits(1, vocab, seed=9, scale=3.0)
+    p = top_p_between_tokens(x[0], 0, 4)  # the five most likely tokens
+    tokens = top_k_top_p_sample(x.expand(batch, vocab), 0, p, generator=torch.Generator().manual_seed(1))
+    assert set(tokens.tolist()) <= set(x[0].topk(5).indices.tolist())
+    assert len(set(tokens.tolist())) == 5
+
+
+def test_sampling_deterministic_with_seed():
+    x = make_logits(16, 1000, seed=10)
+    a = top_k_top_p_sample(x, 50, 0.9, generator=torch.Generator().manual_seed(123))
+    b = top_k_top_p_sample(x, 50, 0.9, generator=torch.Generator().manual_seed(123))
+    c = top_k_top_p_sample(x, 50, 0.9, generator=torch.Generator().manual_seed(124))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    probs = torch.softmax(x, -1)
+    a = min_p_sample(probs, 0.05, generator=torch.Generator().manual_seed(5))
+    b = min_p_sample(probs, 0.05, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_min_p_matches_reference(vocab, dtype):
+    batch = 5
+    probs = torch.softmax(make_logits(batch, vocab, seed=vocab + 2).double(), -1).to(dtype)
+    min_p = torch.tensor([0.0, 0.05, 0.2, 0.5, 1.0], dtype=torch.float32)
+    u = safe_uniforms(batch, seed=vocab + 3)
+    out = min_p_sample_from_uniforms(probs, u, min_p)
+    ref, margins = ref_min_p(probs, u, min_p)
+    # Also skip rows where some p lies within BOUNDARY (relative) of the threshold.
+    p64 = probs.double()
+    thr = min_p.double()[:, None] * p64.max(-1, keepdim=True).values
+    near = ((p64 - thr).abs() <= BOUNDARY * p64.max(-1, keepdim=True).values).any(-1)
+    margins[near & (min_p > 0) & (min_p < 1)] = 0.0
+    assert_tokens_match(out, ref, margins)
+
+
+def test_min_p_distribution():
+    batch, vocab = 4096, 64
+    probs = torch.softmax(make_logits(1, vocab, seed=11, scale=2.0), -1)
+    allowed = set((probs[0] >= 0.1 * probs[0].max()).nonzero().flatten().tolist())
+    tokens = min_p_sample(probs.expand(batch, vocab), 0.1, generator=torch.Generator().manual_seed(2))
+    assert set(tokens.tolist()) <= allowed
+    one = min_p_sample(probs.expand(batch, vocab), 1.0, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(one, torch.full_like(one, int(probs[0].argmax())))
+
+
+def test_sampling_empty_batch():
+    assert greedy_sample(torch.empty(0, 10)).shape == (0,)
+    assert top_k_top_p_sample(torch.empty(0, 10), 3, 0.5).shape == (0,)
+    assert min_p_sample(torch.empty(0, 10), 0.1).shape == (0,)
+
+
+def test_sampling_bad_inputs():
+    x = torch.randn(4, 10)
+    u = torch.rand(4)
+    with pytest.raises(ValueError, match="top_p"):
+        top_k_top_p_sample(x, 3, 0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        top_k_top_p_sample(x, 3, 1.5)
+    with pytest.raises(ValueError, match="top_p"):
+        top_k_top_p_sample(x, 3, torch.tensor([0.5, 0.0, 0.5, 0.5]))
+    with pytest.raises(ValueError, match="top_k"):
+        top_k_top_p_sample(x, 2.5, 0.5)
+    with pytest.raises(ValueError, match="min_p"):
+        min_p_sample(x.softmax(-1), -0.1)
+    with pytest.raises(ValueError, match="min_p"):
+        min_p_sample(x.softmax(-1), 1.1)
+    with pytest.raises(ValueError, match="min_p"):
+        min_p_sample(x.softmax(-1), torch.tensor([0.1, 0.1, 2.0, 0.1]))
+    with pytest.raises(ValueError, match="uniforms"):
+        top_k_top_p_sample_from_uniforms(x, torch.full((4,), 1.0), 3, 0.5)
+    with pytest.raises(ValueError, match="2-D"):
+        greedy_sample(torch.randn(2, 3, 4))
+    with pytest.raises(TypeError, match="dtype"):
+        greedy_sample(torch.ones(2, 3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="dtype"):
+        top_k_top_p_sample(x, torch.tensor([1, 2, 3, 4], dtype=torch.int32), 0.5)
+    with pytest.raises(TypeError, match="dtype"):
+        min_p_sample(x, torch.tensor([0.1] * 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="batch"):
+        top_k_top_p_sample(x, torch.tensor([1, 2], dtype=torch.int64), 0.5)
+    with pytest.raises(ValueError, match="batch"):
+        top_k_top_p_sample_from_uniforms(x, torch.rand(3), 3, 0.5)
+    with pytest.raises(ValueError, match="stride"):
+        greedy_sample(torch.randn(10, 4).t())
+    with pytest.raises(ValueError, match="vocab"):
+        greedy_sample(torch.empty(2, 0))
+    with pytest.raises(ValueError, match="device"):
+        greedy_sample(torch.randn(2, 3, device="meta"))
+    del u
+
+
+def test_sampling_torch_compile():
+    x = make_logits(6, 1000, seed=12)
+    u = safe_uniforms(6, seed=13)
+
+    def fn(logits, uniforms):
+        probs = torch.softmax(logits, -1)
+        return (greedy_sample(logits * 2),
+                top_k_top_p_sample_from_uniforms(logits, uniforms, 20, 0.8),
+                min_p_sample_from_uniforms(probs, uniforms, 0.1))
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    for got, want in zip(compiled(x, u), fn(x, u)):
+        assert torch.equal(got, want)
+
+
+# ----------------------------------------------------------------------------- CUDA
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", VOCABS + (32768, 128256))
+def test_greedy_cuda(vocab, dtype):
+    x = make_logits(5, vocab, dtype, seed=vocab, device="cuda")
+    assert torch.equal(greedy_sample(x), torch.argmax(x, dim=-1))
+    nan = make_logits(2, vocab, dtype, seed=1, device="cuda")
+    nan[1, vocab // 2] = float("nan")
+    assert torch.equal(greedy_sample(nan), torch.argmax(nan, dim=-1))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", VOCABS + (128256,))
+def test_top_k_top_p_cuda_matches_reference_and_cpu(vocab, dtype):
+    batch = 6
+    x = make_logits(batch, vocab, dtype, seed=vocab + 1)
+    top_k = torch.tensor([0, 1, 5, 50, vocab, -3], dtype=torch.int64)
+    ranks = [0, 2, 3, 10, 30, 1]
+    top_p = torch.tensor([top_p_between_tokens(x[b], int(top_k[b]), ranks[b]) for b in range(batch)],
+                         dtype=torch.float32)
+    top_p[0] = 1.0
+    u = safe_uniforms(batch, seed=vocab)
+    ref, margins = ref_top_k_top_p(x, u, top_k, top_p)
+    out = top_k_top_p_sample_from_uniforms(x.cuda(), u.cuda(), top_k.cuda(), top_p.cuda())
+    assert out.device.type == "cuda"
+    assert_tokens_match(out, ref, margins)
+    assert_tokens_match(out, top_k_top_p_sample_from_uniforms(x, u, top_k, top_p), margins)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", VOCABS + (128256,))
+def test_min_p_cuda_matches_reference_and_cpu(vocab, dtype):
+    batch = 5
+    probs = torch.softmax(make_logits(batch, vocab, seed=vocab + 2).double(), -1).to(dtype)
+    min_p = torch.tensor([0.0, 0.05, 0.2, 0.5, 1.0], dtype=torch.float32)
+    u = safe_uniforms(batch, seed=vocab + 3)
+    ref, margins = ref_min_p(probs, u, min_p)
+    p64 = probs.double()
+    thr = min_p.double()[:, None] * p64.max(-1, keepdim=True).values
+    near = ((p64 - thr).abs() <= BOUNDARY * p64.max(-1, keepdim=True).values).any(-1)
+    margins[near & (min_p > 0) & (min_p < 1)] = 0.0
+    out = min_p_sample_from_uniforms(probs.cuda(), u.cuda(), min_p.cuda())
+    assert_tokens_match(out, ref, margins)
+    assert_tokens_match(out, min_p_sample_from_uniforms(probs, u, min_p), margins)
+
+
+@requires_cuda
+def test_sampling_cuda_distribution_and_determinism():
+    batch, vocab, k = 8192, 1000, 10
+    x = make_logits(1, vocab, seed=14, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    tokens = top_k_top_p_sample(x.expand(batch, vocab), k, 1.0, generator=g)
+    assert set(tokens.tolist()) <= set(x[0].topk(k).indices.tolist())
+    a = top_k_top_p_sample(x.expand(64, vocab), 40, 0.9, generator=torch.Generator("cuda").manual_seed(3))
+    b = top_k_top_p_sample(x.expand(64, vocab), 40, 0.9, generator=torch.Generator("cuda").manual_seed(3))
+    assert torch.equal(a, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sampling_cuda_unaligned(dtype):
+    vocab = 4096
+    base = make_logits(1, 4 * vocab + 1, dtype, seed=15, device="cuda").flatten()
+    x = base[1:].view(4, vocab)  # pointer off 16-byte alignment: scalar loads
+    assert torch.equal(greedy_sample(x), torch.argmax(x, dim=-1))
+    u = safe_uniforms(4, seed=16)
+    p = top_p_between_tokens(x[0], 30, 5)
+    ref, margins = ref_top_k_top_p(x.cpu(), u, [30] * 4, [p] * 4)
+    assert_tokens_match(top_k_top_p_sample_from_uniforms(x, u.cuda(), 30, p), ref, margins)
+
+
+@requires_cuda
+def test_sampling_cuda_graph():
+    x = make_logits(4, 32000, torch.bfloat16, seed=17, device="cuda")
+    u = safe_uniforms(4, seed=18, device="cuda")
+    probs = torch.softmax(x.float(), -1)
+    top_k = torch.tensor([0, 5, 50, 1], dtype=torch.int64, device="cuda")
+
+    def step():
+        return (greedy_sample(x), top_k_top_p_sample_from_uniforms(x, u, top_k, 0.9),
+                min_p_sample_from_uniforms(probs, u, 0.05))
+
+    step()  # build and load outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    x.copy_(make_logits(4, 32000, torch.bfloat16, seed=19, device="cuda"))
+    probs.copy_(torch.softmax(x.float(), -1))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(outs, step()):
+        assert torch.equal(got, want)
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,208 @@
+"""softmax / log_softmax (kernels/softmax) against a float64 torch reference, CPU and CUDA."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+try:
+    import mllm_kernel  # noqa: F401
+except ImportError:  # run as a plain script from a checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mllm_kernel.kernels.softmax.softmax import _module, log_softmax, softmax
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# (rows, vocab): 1, odd, not a multiple of any vector width, and a larger row.
+SHAPES = ((1, 1), (3, 17), (2, 127), (5, 1000), (2, 4099), (4, 32768))
+# (rtol, atol) against float64, for probabilities and for log-probabilities.
+TOL = {torch.float32: (1e-5, 1e-6), torch.float16: (1e-3, 1e-5), torch.bfloat16: (1e-2, 1e-4)}
+LOG_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1e-2, 1e-2)}
+
+
+def make_logits(shape, dtype, device="cpu", seed=0, scale=4.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale).to(dtype=dtype, device=device)
+
+
+def ref_softmax(x, temperature=1.0):
+    return torch.softmax(x.double() / temperature, dim=-1)
+
+
+def ref_log_softmax(x):
+    return torch.log_softmax(x.double(), dim=-1)
+
+
+def check(out, ref, dtype, tol):
+    assert out.dtype == dtype and out.shape == ref.shape
+    rtol, atol = tol[dtype]
+    torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol)
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_softmax_cpu(shape, dtype):
+    x = make_logits(shape, dtype, seed=shape[1])
+    check(softmax(x), ref_softmax(x), dtype, TOL)
+    check(log_softmax(x), ref_log_softmax(x), dtype, LOG_TOL)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("temperature", (0.3, 1.0, 2.5))
+def test_softmax_temperature_cpu(temperature, dtype):
+    x = make_logits((3, 1000), dtype, seed=1)
+    check(softmax(x, temperature), ref_softmax(x, temperature), dtype, TOL)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_writes_every_element_cpu(dtype):
+    x = make_logits((3, 4099), dtype, seed=2)
+    out = torch.full_like(x, float("nan"))
+    _module("cpu").softmax(out, x, 1.0)
+    check(out, ref_softmax(x), dtype, TOL)
+    out.fill_(float("nan"))
+    _module("cpu").log_softmax(out, x)
+    check(out, ref_log_softmax(x), dtype, LOG_TOL)
+
+
+def test_softmax_stable_for_large_and_masked_logits_cpu():
+    x = make_logits((4, 517), torch.float32, seed=3, scale=1000.0)  # exp would overflow unshifted
+    x[1, ::3] = float("-inf")  # masked tokens
+    out = softmax(x)
+    assert torch.isfinite(out).all()
+    assert (out[1, ::3] == 0).all()
+    check(out, ref_softmax(x), torch.float32, TOL)
+    check(log_softmax(x[:, 1::3].contiguous()), ref_log_softmax(x[:, 1::3]), torch.float32, LOG_TOL)
+
+
+def test_softmax_leading_dims_and_row_stride_cpu():
+    x = make_logits((2, 3, 257), torch.float32, seed=4)
+    check(softmax(x), ref_softmax(x), torch.float32, TOL)
+    check(log_softmax(x), ref_log_softmax(x), torch.float32, LOG_TOL)
+    wide = make_logits((5, 300), torch.bfloat16, seed=5)
+    view = wide[:, 7:260]  # row stride 300, unit last stride: no copy needed
+    check(softmax(view, 0.7), ref_softmax(view, 0.7), torch.bfloat16, TOL)
+    check(softmax(wide[0]), ref_softmax(wide[0]), torch.bfloat16, TOL)  # 1-D
+
+
+def test_softmax_empty_cpu():
+    assert softmax(torch.empty(0, 16)).shape == (0, 16)
+    assert log_softmax(torch.empty(3, 0)).shape == (3, 0)
+
+
+def test_softmax_bad_inputs_cpu():
+    with pytest.raises(TypeError, match="dtype"):
+        softmax(torch.randn(2, 8, dtype=torch.float64))
+    with pytest.raises(TypeError, match="dtype"):
+        log_softmax(torch.ones(2, 8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="stride"):
+        softmax(torch.randn(8, 4).t())  # last dim not contiguous
+    with pytest.raises(ValueError, match="without a copy"):
+        softmax(torch.randn(4, 6, 8).transpose(0, 1))
+    with pytest.raises(ValueError, match="temperature"):
+        softmax(torch.randn(2, 8), 0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        softmax(torch.randn(2, 8), -1.0)
+    with pytest.raises(ValueError, match="device"):
+        softmax(torch.randn(2, 8, device="meta"))
+    # The C++ matcher, called directly: mismatched out.
+    with pytest.raises(ValueError, match="vocab"):
+        _module("cpu").softmax(torch.empty(2, 7), torch.randn(2, 8), 1.0)
+    with pytest.raises(TypeError, match="dtype"):
+        _module("cpu").softmax(torch.empty(2, 8, dtype=torch.float16), torch.randn(2, 8), 1.0)
+
+
+def test_softmax_torch_compile_cpu():
+    x = make_logits((3, 1000), torch.float32, seed=6)
+
+    def fn(t):
+        return softmax(t * 2.0, temperature=0.5) + log_softmax(t)
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- CUDA
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES + ((3, 128256), (2, 151936)))
+def test_softmax_cuda(shape, dtype):
+    x = make_logits(shape, dtype, device="cuda", seed=shape[1])
+    check(softmax(x), ref_softmax(x), dtype, TOL)
+    check(log_softmax(x), ref_log_softmax(x), dtype, LOG_TOL)
+    check(softmax(x, 0.6), ref_softmax(x, 0.6), dtype, TOL)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_cpu_vs_cuda(dtype):
+    x = make_logits((7, 4099), dtype, seed=7)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(softmax(x.cuda(), 1.3).cpu().double(), softmax(x, 1.3).double(),
+                               rtol=rtol, atol=atol)
+    rtol, atol = LOG_TOL[dtype]
+    torch.testing.assert_close(log_softmax(x.cuda()).cpu().double(), log_softmax(x).double(),
+                               rtol=rtol, atol=atol)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_writes_every_element_cuda(dtype):
+    x = make_logits((3, 4096), dtype, device="cuda", seed=8)
+    out = torch.full_like(x, float("nan"))
+    _module("cuda").softmax(out, x, 1.0)
+    check(out, ref_softmax(x), dtype, TOL)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_unaligned_and_strided_cuda(dtype):
+    base = make_logits((4 * 1024 + 1,), dtype, device="cuda", seed=9)
+    x = base[1:].view(4, 1024)  # pointer off 16-byte alignment: scalar path
+    check(softmax(x), ref_softmax(x), dtype, TOL)
+    wide = make_logits((5, 1030), dtype, device="cuda", seed=10)
+    view = wide[:, :1024]  # odd row stride: scalar path
+    check(log_softmax(view), ref_log_softmax(view), dtype, LOG_TOL)
+    masked = make_logits((3, 2048), dtype, device="cuda", seed=11)
+    masked[:, 5::2] = float("-inf")
+    check(softmax(masked), ref_softmax(masked), dtype, TOL)
+
+
+@requires_cuda
+def test_softmax_cuda_graph():
+    x = make_logits((4, 32000), torch.bfloat16, device="cuda", seed=12)
+    softmax(x)  # build and load outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        softmax(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = softmax(x, 0.8)
+    x.copy_(make_logits((4, 32000), torch.bfloat16, device="cuda", seed=13))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(out, ref_softmax(x, 0.8), torch.bfloat16, TOL)
+
+
+@requires_cuda
+def test_softmax_bad_inputs_cuda():
+    with pytest.raises(ValueError, match="device"):
+        _module("cuda").softmax(torch.empty(2, 8, device="cuda"), torch.randn(2, 8), 1.0)
+    with pytest.raises(TypeError, match="dtype"):
+        softmax(torch.randn(2, 8, dtype=torch.float64, device="cuda"))
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-v"]))
