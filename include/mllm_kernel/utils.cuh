@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <cstdlib>
 #include <memory>
 
@@ -138,6 +139,35 @@ __device__ __forceinline__ T block_reduce_max(T value) {
 // Vectorized memory access
 // ---------------------------------------------------------------------------
 /*! \brief True if \p ptr is aligned to \p kBytes. */
+// ---------------------------------------------------------------------------------- conversions
+// Kernels read and write float / fp16_t / bf16_t and compute in float32.
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(fp16_t v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(bf16_t v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, fp16_t>) {
+    return __float2half_rn(v);
+  } else {
+    static_assert(std::is_same_v<T, bf16_t>, "from_float: T must be float, fp16_t or bf16_t");
+    return __float2bfloat16_rn(v);
+  }
+}
+
+// ---------------------------------------------------------------------------------- error record
+// record: int64 {flag, index, value} (see mllm_kernel/kernels/device_errors.py). A kernel that
+// meets an index it must not use records it here instead of touching memory out of bounds; only
+// the first reporter (flag 0 -> 1) writes index and value.
+__device__ __forceinline__ void record_error(int64_t* record, int64_t index, int64_t value) {
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(record), 0ull, 1ull) == 0ull) {
+    record[1] = index;
+    record[2] = value;
+  }
+}
+
 template <int kBytes>
 __host__ __device__ __forceinline__ bool is_aligned(const void* ptr) {
   static_assert(kBytes > 0 && (kBytes & (kBytes - 1)) == 0, "alignment must be a power of 2");

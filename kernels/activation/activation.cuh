@@ -31,28 +31,6 @@ using device::fp16_t;
 
 enum Act : int { kSilu = 0, kGelu = 1, kGeluTanh = 2 };
 
-template <typename T>
-__device__ __forceinline__ float ToF32(T v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, fp16_t>) {
-    return __half2float(v);
-  } else {
-    return __bfloat162float(v);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ T FromF32(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, fp16_t>) {
-    return __float2half_rn(v);
-  } else {
-    return __float2bfloat16_rn(v);
-  }
-}
-
 template <int kAct, bool kHalfPrecision = false>
 __device__ __forceinline__ float Activate(float x) {
   if constexpr (kAct == kSilu) {
@@ -98,10 +76,10 @@ __global__ void __launch_bounds__(256)
         g.load(gate, j);
         u.load(up, j);
 #pragma unroll
-        for (int i = 0; i < N; ++i) res[i] = FromF32<T>(Activate<kAct, sizeof(T) == 2>(ToF32(g[i])) * ToF32(u[i]));
+        for (int i = 0; i < N; ++i) res[i] = device::from_float<T>(Activate<kAct, sizeof(T) == 2>(device::to_float(g[i])) * device::to_float(u[i]));
         res.store(o, j);
       } else {
-        o[j] = FromF32<T>(Activate<kAct, sizeof(T) == 2>(ToF32(gate[j])) * ToF32(up[j]));
+        o[j] = device::from_float<T>(Activate<kAct, sizeof(T) == 2>(device::to_float(gate[j])) * device::to_float(up[j]));
       }
     }
   }

@@ -13,6 +13,7 @@
 #endif
 
 #include <hwy/highway.h>
+#include <mllm_kernel/cpu/simd_io-inl.h>
 // Per-target header too (its own toggle guard): must be included inside the target loop.
 #include <hwy/contrib/math/math-inl.h>
 
@@ -30,41 +31,6 @@ using VF = hn::Vec<DF>;
 
 // Must match kSilu/kGelu/kGeluTanh in activation.cpp.
 enum Act : int { kSilu = 0, kGelu = 1, kGeluTanh = 2 };
-
-template <typename T>
-HWY_INLINE VF LoadF32(DF df, const T* HWY_RESTRICT p) {
-  if constexpr (hwy::IsSame<T, float>()) {
-    return hn::LoadU(df, p);
-  } else {
-    return hn::PromoteTo(df, hn::LoadU(hn::Rebind<T, DF>(), p));
-  }
-}
-template <typename T>
-HWY_INLINE VF LoadF32N(DF df, const T* HWY_RESTRICT p, size_t n) {
-  if constexpr (hwy::IsSame<T, float>()) {
-    return hn::LoadN(df, p, n);
-  } else {
-    return hn::PromoteTo(df, hn::LoadN(hn::Rebind<T, DF>(), p, n));
-  }
-}
-template <typename T>
-HWY_INLINE void StoreF32(DF df, VF v, T* HWY_RESTRICT p) {
-  if constexpr (hwy::IsSame<T, float>()) {
-    hn::StoreU(v, df, p);
-  } else {
-    const hn::Rebind<T, DF> dt;
-    hn::StoreU(hn::DemoteTo(dt, v), dt, p);
-  }
-}
-template <typename T>
-HWY_INLINE void StoreF32N(DF df, VF v, T* HWY_RESTRICT p, size_t n) {
-  if constexpr (hwy::IsSame<T, float>()) {
-    hn::StoreN(v, df, p, n);
-  } else {
-    const hn::Rebind<T, DF> dt;
-    hn::StoreN(hn::DemoteTo(dt, v), dt, p, n);
-  }
-}
 
 // x * sigmoid(x). exp(-x) is clamped to exp(88) (Exp is only valid up to ~88.7): for
 // x < -88 the result is ~x * 6e-39, i.e. 0 for every practical purpose.

@@ -24,15 +24,6 @@ namespace mllm_kernel::gpu {
 
 namespace embedding_detail {
 
-// error: {flag, index, value}. Only the first reporter (flag 0 -> 1) writes index and value.
-__device__ __forceinline__ void ReportError(int64_t* error, int64_t index, int64_t value) {
-  auto* flag = reinterpret_cast<unsigned long long*>(error);
-  if (atomicCAS(flag, 0ull, 1ull) == 0ull) {
-    error[1] = index;
-    error[2] = value;
-  }
-}
-
 // Block (G, R): R rows at a time, G threads copying each row in units of U (the widest of
 // 16/8/4/2 bytes that every pointer, stride and row size allows). Sizes/strides in units of U.
 template <typename U, typename IdT>
@@ -46,7 +37,7 @@ __global__ void EmbeddingKernel(U* __restrict__ out, const U* __restrict__ table
     const auto id = static_cast<int64_t>(ids[r]);
     U* dst = out + r * row_units;
     if (id < 0 || id >= vocab) {
-      if (threadIdx.x == 0) ReportError(error, r, id);
+      if (threadIdx.x == 0) device::record_error(error, r, id);
       const U zero{};  // value-initialized: all bytes 0
       for (int64_t i = threadIdx.x; i < row_units; i += blockDim.x) dst[i] = zero;
       continue;

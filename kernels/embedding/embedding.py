@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.jit_utils import JitSpec, cache_once
+from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 
 SPECS = {
     "cpu": JitSpec(
@@ -38,42 +39,14 @@ def _module(device_type: str):
     return SPECS[device_type].load()
 
 
-# ----------------------------------------------------------------------------- CUDA error flag
-# int64 [3] per device: {flag, flattened position, id}. Sticky until read.
-_error_buffers: dict[int, torch.Tensor] = {}
-
-
-def _device_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def _error_buffer(device: torch.device) -> torch.Tensor:
-    index = _device_index(device)
-    buffer = _error_buffers.get(index)
-    if buffer is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"embedding: call it once on cuda:{index} before capturing a CUDA graph "
-                "(the first call allocates its error flag buffer)"
-            )
-        buffer = _error_buffers.setdefault(index, torch.zeros(3, dtype=torch.int64, device=device))
-    return buffer
+# ----------------------------------------------------------------------------- CUDA error record
+_errors = DeviceErrorRecord("embedding")
 
 
 def pop_embedding_error(device: torch.device | str | int | None = None) -> tuple[int, int] | None:
-    """(flattened position, id) of an out-of-range id recorded by a CUDA call on `device` since
-    the last read, or None; clears the record. Syncs the current stream."""
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    if device.type == "cpu":
-        return None  # the CPU path raises immediately
-    buffer = _error_buffers.get(_device_index(device))
-    if buffer is None:
-        return None
-    flag, position, token_id = buffer.tolist()
-    if not flag:
-        return None
-    buffer.zero_()
-    return position, token_id
+    """See DeviceErrorRecord.pop: (index, value) of the first bad element recorded by a CUDA call
+    on `device` since the last read, or None; clears the record. Syncs the current stream."""
+    return _errors.pop(device)
 
 
 # ----------------------------------------------------------------------------- op
@@ -91,7 +64,7 @@ def _embedding_op(ids: torch.Tensor, table: torch.Tensor, check: bool) -> torch.
     if device.type == "cpu":
         _module("cpu").embedding(flat_out, flat_ids, table)
     elif device.type == "cuda":
-        error = _error_buffer(device)
+        error = _errors.buffer(device)
         _module("cuda").embedding(flat_out, flat_ids, table, error)
         if check and not torch.cuda.is_current_stream_capturing():
             recorded = pop_embedding_error(device)  # syncs the stream

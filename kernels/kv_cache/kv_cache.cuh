@@ -24,15 +24,6 @@ namespace mllm_kernel::gpu {
 
 namespace kv_cache_detail {
 
-// error: {flag, index, value}. Only the first reporter (flag 0 -> 1) writes index and value.
-__device__ __forceinline__ void ReportError(int64_t* error, int64_t index, int64_t value) {
-  auto* flag = reinterpret_cast<unsigned long long*>(error);
-  if (atomicCAS(flag, 0ull, 1ull) == 0ull) {
-    error[1] = index;
-    error[2] = value;
-  }
-}
-
 // Block (G, R): R tokens at a time, G threads copying each token's row in units of U (the
 // widest of 16/8/4/2 bytes that every pointer, stride and row size allows). Strides and row
 // sizes are in units of U. Grid-stride over tokens; 64-bit index math throughout.
@@ -49,7 +40,7 @@ __global__ void StoreKVCacheKernel(const U* __restrict__ k, const U* __restrict_
     const int64_t slot = slots[t];
     if (slot == -1) continue;  // padding token
     if (slot < -1 || slot >= num_slots) {
-      if (threadIdx.x == 0) ReportError(error, t, slot);
+      if (threadIdx.x == 0) device::record_error(error, t, slot);
       continue;
     }
     const U* k_row = k + t * k_stride;

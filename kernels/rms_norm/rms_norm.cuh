@@ -31,28 +31,6 @@ namespace rms_norm_detail {
 using device::bf16_t;
 using device::fp16_t;
 
-template <typename T>
-__device__ __forceinline__ float ToF32(T v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, fp16_t>) {
-    return __half2float(v);
-  } else {
-    return __bfloat162float(v);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ T FromF32(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, fp16_t>) {
-    return __float2half_rn(v);
-  } else {
-    return __float2bfloat16_rn(v);
-  }
-}
-
 // Sum over the blockDim.x threads of one row (blockDim.x a multiple of 32, blockDim.y rows per
 // block, <= 32 warps in all); every thread gets its row's sum. All threads must call.
 __device__ __forceinline__ float RowReduceSum(float v) {
@@ -101,7 +79,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         v[k].load(x + row * x_stride, j);
 #pragma unroll
         for (int i = 0; i < N; ++i) {
-          const float f = ToF32(v[k][i]);
+          const float f = device::to_float(v[k][i]);
           sum_sq += f * f;
         }
       }
@@ -114,7 +92,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         Vec wv, o;
         wv.load(w, j);
 #pragma unroll
-        for (int i = 0; i < N; ++i) o[i] = FromF32<T>(ToF32(v[k][i]) * inv * ToF32(wv[i]));
+        for (int i = 0; i < N; ++i) o[i] = device::from_float<T>(device::to_float(v[k][i]) * inv * device::to_float(wv[i]));
         o.store(out + row * out_stride, j);
       }
     }
@@ -148,8 +126,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
         for (int i = 0; i < N; ++i) {
           // Round first: the norm is of the residual as stored.
-          s[k][i] = FromF32<T>(ToF32(xv[i]) + ToF32(s[k][i]));
-          const float f = ToF32(s[k][i]);
+          s[k][i] = device::from_float<T>(device::to_float(xv[i]) + device::to_float(s[k][i]));
+          const float f = device::to_float(s[k][i]);
           sum_sq += f * f;
         }
         s[k].store(residual + row * r_stride, j);
@@ -163,7 +141,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         Vec wv, o;
         wv.load(w, j);
 #pragma unroll
-        for (int i = 0; i < N; ++i) o[i] = FromF32<T>(ToF32(s[k][i]) * inv * ToF32(wv[i]));
+        for (int i = 0; i < N; ++i) o[i] = device::from_float<T>(device::to_float(s[k][i]) * inv * device::to_float(wv[i]));
         o.store(x + row * x_stride, j);
       }
     }
@@ -184,14 +162,14 @@ __global__ void __launch_bounds__(kBlockThreads)
     float sum_sq = 0.0f;
     if (active) {
       for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-        const float f = ToF32(x[row * x_stride + j]);
+        const float f = device::to_float(x[row * x_stride + j]);
         sum_sq += f * f;
       }
     }
     const float inv = InvRms(RowReduceSum(sum_sq), d, eps);
     if (active) {
       for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-        out[row * out_stride + j] = FromF32<T>(ToF32(x[row * x_stride + j]) * inv * ToF32(w[j]));
+        out[row * out_stride + j] = device::from_float<T>(device::to_float(x[row * x_stride + j]) * inv * device::to_float(w[j]));
       }
     }
   }
@@ -212,9 +190,9 @@ __global__ void __launch_bounds__(kBlockThreads)
     float sum_sq = 0.0f;
     if (active) {
       for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-        const T s = FromF32<T>(ToF32(x[row * x_stride + j]) + ToF32(residual[row * r_stride + j]));
+        const T s = device::from_float<T>(device::to_float(x[row * x_stride + j]) + device::to_float(residual[row * r_stride + j]));
         residual[row * r_stride + j] = s;
-        const float f = ToF32(s);
+        const float f = device::to_float(s);
         sum_sq += f * f;
       }
     }
@@ -222,7 +200,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     if (active) {
       for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
         x[row * x_stride + j] =
-            FromF32<T>(ToF32(residual[row * r_stride + j]) * inv * ToF32(w[j]));
+            device::from_float<T>(device::to_float(residual[row * r_stride + j]) * inv * device::to_float(w[j]));
       }
     }
   }

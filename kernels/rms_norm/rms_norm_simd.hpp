@@ -13,6 +13,7 @@
 #endif
 
 #include <hwy/highway.h>
+#include <mllm_kernel/cpu/simd_io-inl.h>
 
 #include <cmath>
 #include <cstddef>
@@ -27,42 +28,6 @@ namespace rms_norm_detail {
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-// T -> float32 vector. float16/bfloat16 load half a vector's bytes and widen.
-template <typename T>
-HWY_INLINE VF LoadF32(DF df, const T* HWY_RESTRICT p) {
-  if constexpr (hwy::IsSame<T, float>()) {
-    return hn::LoadU(df, p);
-  } else {
-    return hn::PromoteTo(df, hn::LoadU(hn::Rebind<T, DF>(), p));
-  }
-}
-// Same for the first n < Lanes elements; the rest of the vector is zero.
-template <typename T>
-HWY_INLINE VF LoadF32N(DF df, const T* HWY_RESTRICT p, size_t n) {
-  if constexpr (hwy::IsSame<T, float>()) {
-    return hn::LoadN(df, p, n);
-  } else {
-    return hn::PromoteTo(df, hn::LoadN(hn::Rebind<T, DF>(), p, n));
-  }
-}
-template <typename T>
-HWY_INLINE void StoreF32(DF df, VF v, T* HWY_RESTRICT p) {
-  if constexpr (hwy::IsSame<T, float>()) {
-    hn::StoreU(v, df, p);
-  } else {
-    const hn::Rebind<T, DF> dt;
-    hn::StoreU(hn::DemoteTo(dt, v), dt, p);
-  }
-}
-template <typename T>
-HWY_INLINE void StoreF32N(DF df, VF v, T* HWY_RESTRICT p, size_t n) {
-  if constexpr (hwy::IsSame<T, float>()) {
-    hn::StoreN(v, df, p, n);
-  } else {
-    const hn::Rebind<T, DF> dt;
-    hn::StoreN(hn::DemoteTo(dt, v), dt, p, n);
-  }
-}
 // Round a float32 vector to T and back: the value a store of T would keep.
 template <typename T>
 HWY_INLINE VF RoundTo(DF df, VF v) {
@@ -111,17 +76,17 @@ void RmsNorm(T* out, const T* x, const T* weight, int64_t rows, int64_t d, int64
     rd::VF acc0 = hn::Zero(df), acc1 = hn::Zero(df);
     size_t i = 0;
     for (; i + 2 * lanes <= n; i += 2 * lanes) {
-      const rd::VF v0 = rd::LoadF32(df, xr + i);
-      const rd::VF v1 = rd::LoadF32(df, xr + i + lanes);
+      const rd::VF v0 = LoadF32(df, xr + i);
+      const rd::VF v1 = LoadF32(df, xr + i + lanes);
       acc0 = hn::MulAdd(v0, v0, acc0);
       acc1 = hn::MulAdd(v1, v1, acc1);
     }
     for (; i + lanes <= n; i += lanes) {
-      const rd::VF v = rd::LoadF32(df, xr + i);
+      const rd::VF v = LoadF32(df, xr + i);
       acc0 = hn::MulAdd(v, v, acc0);
     }
     if (i < n) {
-      const rd::VF v = rd::LoadF32N(df, xr + i, n - i);  // zero padding adds nothing
+      const rd::VF v = LoadF32N(df, xr + i, n - i);  // zero padding adds nothing
       acc1 = hn::MulAdd(v, v, acc1);
     }
     const float sum_sq = hn::ReduceSum(df, hn::Add(acc0, acc1));
@@ -144,15 +109,15 @@ void FusedAddRmsNorm(T* x, T* residual, const T* weight, int64_t rows, int64_t d
     size_t i = 0;
     for (; i + lanes <= n; i += lanes) {
       // Norm of the residual as stored (rounded to T), so the output matches a re-read of it.
-      const rd::VF s = rd::RoundTo<T>(df, hn::Add(rd::LoadF32(df, xr + i), rd::LoadF32(df, rr + i)));
-      rd::StoreF32(df, s, rr + i);
+      const rd::VF s = rd::RoundTo<T>(df, hn::Add(LoadF32(df, xr + i), LoadF32(df, rr + i)));
+      StoreF32(df, s, rr + i);
       acc = hn::MulAdd(s, s, acc);
     }
     if (i < n) {
       const size_t rest = n - i;
       const rd::VF s = rd::RoundTo<T>(
-          df, hn::Add(rd::LoadF32N(df, xr + i, rest), rd::LoadF32N(df, rr + i, rest)));
-      rd::StoreF32N(df, s, rr + i, rest);
+          df, hn::Add(LoadF32N(df, xr + i, rest), LoadF32N(df, rr + i, rest)));
+      StoreF32N(df, s, rr + i, rest);
       acc = hn::MulAdd(s, s, acc);
     }
     const float sum_sq = hn::ReduceSum(df, acc);

@@ -25,28 +25,6 @@ namespace mllm_kernel::gpu {
 
 namespace rope_detail {
 
-__device__ __forceinline__ float ToFloat(float x) { return x; }
-__device__ __forceinline__ float ToFloat(device::fp16_t x) { return __half2float(x); }
-__device__ __forceinline__ float ToFloat(device::bf16_t x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ device::fp16_t FromFloat<device::fp16_t>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ device::bf16_t FromFloat<device::bf16_t>(float x) { return __float2bfloat16_rn(x); }
-
-// error: {flag, index, value}. Only the first reporter (flag 0 -> 1) writes index and value.
-__device__ __forceinline__ void ReportError(int64_t* error, int64_t index, int64_t value) {
-  auto* flag = reinterpret_cast<unsigned long long*>(error);
-  if (atomicCAS(flag, 0ull, 1ull) == 0ull) {
-    error[1] = index;
-    error[2] = value;
-  }
-}
-
 // kN elements at p: one aligned 16-byte access when kVec, element by element otherwise.
 template <bool kVec, typename V, typename T>
 __device__ __forceinline__ void LoadElems(V& v, const T* p) {
@@ -84,7 +62,7 @@ __global__ void RopeKernel(T* q, T* k, const int64_t* __restrict__ positions,
   for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     const int64_t pos = positions[t];
     if (pos < 0 || pos >= max_pos) {
-      if (threadIdx.x == 0) ReportError(error, t, pos);
+      if (threadIdx.x == 0) device::record_error(error, t, pos);
       continue;  // uniform across the block: no barrier is skipped
     }
     const float* cos = cache + pos * rot_dim;
@@ -101,9 +79,9 @@ __global__ void RopeKernel(T* q, T* k, const int64_t* __restrict__ positions,
 #pragma unroll
         for (int j = 0; j < kN; ++j) {
           const float c = __ldg(cos + i0 + j), s = __ldg(sin + i0 + j);
-          const float x1 = ToFloat(a[j]), x2 = ToFloat(b[j]);
-          a[j] = FromFloat<T>(x1 * c - x2 * s);
-          b[j] = FromFloat<T>(x2 * c + x1 * s);
+          const float x1 = device::to_float(a[j]), x2 = device::to_float(b[j]);
+          a[j] = device::from_float<T>(x1 * c - x2 * s);
+          b[j] = device::from_float<T>(x2 * c + x1 * s);
         }
         StoreElems<kVec>(a, x + i0);
         StoreElems<kVec>(b, x + half + i0);
@@ -114,9 +92,9 @@ __global__ void RopeKernel(T* q, T* k, const int64_t* __restrict__ positions,
         for (int j = 0; j < kN; j += 2) {
           const int64_t p = (i0 + j) / 2;
           const float c = __ldg(cos + p), s = __ldg(sin + p);
-          const float x1 = ToFloat(a[j]), x2 = ToFloat(a[j + 1]);
-          a[j] = FromFloat<T>(x1 * c - x2 * s);
-          a[j + 1] = FromFloat<T>(x2 * c + x1 * s);
+          const float x1 = device::to_float(a[j]), x2 = device::to_float(a[j + 1]);
+          a[j] = device::from_float<T>(x1 * c - x2 * s);
+          a[j + 1] = device::from_float<T>(x2 * c + x1 * s);
         }
         StoreElems<kVec>(a, x + i0);
       }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.jit_utils import JitSpec, cache_once
+from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 
 SPECS = {
     "cpu": JitSpec(
@@ -42,39 +43,14 @@ def _module(device_type: str):
     return SPECS[device_type].load()
 
 
-# ----------------------------------------------------------------------------- CUDA error flag
-# int64 [3] per device: {flag, token, position}. Sticky: the first bad token stays recorded
-# until read by a checked call or pop_rope_error().
-_error_buffers: dict[int, torch.Tensor] = {}
-
-
-def _error_buffer(device: torch.device) -> torch.Tensor:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    buffer = _error_buffers.get(index)
-    if buffer is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"apply_rope: call it once on cuda:{index} before capturing a CUDA graph "
-                "(the first call allocates its error flag buffer)"
-            )
-        buffer = _error_buffers.setdefault(index, torch.zeros(3, dtype=torch.int64, device=device))
-    return buffer
+# ----------------------------------------------------------------------------- CUDA error record
+_errors = DeviceErrorRecord("apply_rope")
 
 
 def pop_rope_error(device: torch.device | str | int | None = None) -> tuple[int, int] | None:
-    """(token, position) of an out-of-range position recorded by a CUDA call on `device` since
-    the last read, or None; clears the record. Syncs the current stream."""
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    if device.type == "cpu":
-        return None  # the CPU path raises immediately
-    buffer = _error_buffers.get(device.index if device.index is not None else torch.cuda.current_device())
-    if buffer is None:
-        return None
-    flag, token, position = buffer.tolist()
-    if not flag:
-        return None
-    buffer.zero_()
-    return token, position
+    """See DeviceErrorRecord.pop: (index, value) of the first bad element recorded by a CUDA call
+    on `device` since the last read, or None; clears the record. Syncs the current stream."""
+    return _errors.pop(device)
 
 
 def _raise_recorded_error(device: torch.device, max_pos: int) -> None:
@@ -104,7 +80,7 @@ def _apply_rope_op(
     if device.type == "cpu":
         _module("cpu").apply_rope(q, k, positions, cos_sin_cache, is_neox)
     elif device.type == "cuda":
-        error = _error_buffer(device)
+        error = _errors.buffer(device)
         _module("cuda").apply_rope(q, k, positions, cos_sin_cache, is_neox, error)
         if check_positions and not torch.cuda.is_current_stream_capturing():
             _raise_recorded_error(device, cos_sin_cache.shape[0])

@@ -40,10 +40,6 @@ using device::AlignedVector;
 using device::kFullMask;
 using device::kWarpThreads;
 
-__device__ __forceinline__ float ToFloat(float v) { return v; }
-__device__ __forceinline__ float ToFloat(device::fp16_t v) { return __half2float(v); }
-__device__ __forceinline__ float ToFloat(device::bf16_t v) { return __bfloat162float(v); }
-
 // fn(index, value) for every element of the row, strided over the block's threads.
 template <typename T, typename Fn>
 __device__ __forceinline__ void ForEach(const T* row, int64_t n, Fn&& fn) {
@@ -56,11 +52,11 @@ __device__ __forceinline__ void ForEach(const T* row, int64_t n, Fn&& fn) {
       Vec a;
       a.load(row, v);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) fn(v * kVec + k, ToFloat(a[k]));
+      for (int k = 0; k < kVec; ++k) fn(v * kVec + k, device::to_float(a[k]));
     }
     start = num_vecs * kVec;
   }
-  for (int64_t i = start + threadIdx.x; i < n; i += blockDim.x) fn(i, ToFloat(row[i]));
+  for (int64_t i = start + threadIdx.x; i < n; i += blockDim.x) fn(i, device::to_float(row[i]));
 }
 
 // Order-preserving map float -> uint32 (for non-NaN); -0 and +0 map to the same key.
@@ -113,7 +109,7 @@ __device__ __forceinline__ int64_t SampleIndex(const T* row, int64_t n, float u,
   float local = 0.0f;
   int64_t last_kept = -1;
   for (int64_t i = begin; i < end; ++i) {
-    const float wi = w(ToFloat(row[i]));
+    const float wi = w(device::to_float(row[i]));
     local += wi;
     if (wi > 0.0f) last_kept = i;
   }
@@ -124,7 +120,7 @@ __device__ __forceinline__ int64_t SampleIndex(const T* row, int64_t n, float u,
   if (excl + local > target) {  // this chunk may hold the token: walk it again
     float cum = excl;
     for (int64_t i = begin; i < end; ++i) {
-      const float wi = w(ToFloat(row[i]));
+      const float wi = w(device::to_float(row[i]));
       if (wi <= 0.0f) continue;
       cum += wi;
       if (cum > target) {

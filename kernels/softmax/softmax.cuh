@@ -31,20 +31,6 @@ namespace softmax_detail {
 
 using device::AlignedVector;
 
-template <typename T>
-__device__ __forceinline__ float ToFloat(T v) {
-  return static_cast<float>(v);
-}
-template <typename T>
-__device__ __forceinline__ T FromFloat(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, device::fp16_t>) {
-    return __float2half_rn(v);
-  } else {
-    return __float2bfloat16_rn(v);
-  }
-}
 
 // Adds a chunk (already scaled, chunk_max its max) to a running (max, sum of exp(v - max)).
 // One rescale per chunk instead of per element.
@@ -81,7 +67,7 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
     float chunk_max = -INFINITY;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      f[k] = ToFloat(in[k]) * inv_temp;
+      f[k] = device::to_float(in[k]) * inv_temp;
       chunk_max = fmaxf(chunk_max, f[k]);
     }
     OnlineUpdate(run_max, run_sum, chunk_max, f, kVec);
@@ -102,8 +88,8 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
     Vec o;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      const float z = ToFloat(in[k]) * inv_temp - row_max;
-      o[k] = FromFloat<T>(kLog ? z - log_sum : expf(z) * inv_sum);
+      const float z = device::to_float(in[k]) * inv_temp - row_max;
+      o[k] = device::from_float<T>(kLog ? z - log_sum : expf(z) * inv_sum);
     }
     o.store(out_row, v);
   }

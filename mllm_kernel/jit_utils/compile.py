@@ -16,7 +16,9 @@ from pathlib import Path
 
 from . import config
 
-CPU_CFLAGS = ("-std=c++20", "-O3", "-fPIC", "-fvisibility=hidden")
+# -fno-math-errno: sqrt & co. become instructions instead of libm calls, whose symbol versions
+# would tie prebuilt modules to the build machine's glibc (sqrtf@GLIBC_2.43 on Debian sid).
+CPU_CFLAGS = ("-std=c++20", "-O3", "-fPIC", "-fvisibility=hidden", "-fno-math-errno")
 CUDA_CFLAGS = ("-std=c++20", "-O3", "-Xcompiler", "-fPIC,-fvisibility=hidden")
 
 
