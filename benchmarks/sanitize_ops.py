@@ -23,12 +23,14 @@ def run_all():
     add_constant(torch.arange(1001, dtype=torch.int32, device="cuda"), 1)
     yield "add_constant"
     for dtype in DTYPES:
-        for rows, hidden in ((3, 1000), (5, 4096), (2, 8193)):
+        # Hidden sizes reach every norm launch shape: 1, 4 and 8 vectors per thread, and scalar.
+        for rows, hidden in ((3, 1000), (5, 4096), (2, 8193), (3, 20480), (2, 40000)):
             for x in (torch.randn(rows, hidden, device="cuda", dtype=dtype), unaligned((rows, hidden), dtype)):
                 w = torch.randn(hidden, device="cuda", dtype=dtype)
                 mk.rms_norm(x, w)
                 mk.fused_add_rms_norm(x.clone(), x.clone(), w)
                 mk.silu_and_mul(x[:, : hidden // 2 * 2])
+                mk.gelu_and_mul(x[:, : hidden // 2 * 2] * 8)  # 16-bit: the x < -6 branch too
                 mk.gelu_and_mul(x[:, : hidden // 2 * 2], approximate="tanh")
                 mk.softmax(x, temperature=0.7)
                 mk.log_softmax(x)

@@ -135,10 +135,6 @@ __device__ __forceinline__ T block_reduce_max(T value) {
   return detail::block_reduce<true>(value);
 }
 
-// ---------------------------------------------------------------------------
-// Vectorized memory access
-// ---------------------------------------------------------------------------
-/*! \brief True if \p ptr is aligned to \p kBytes. */
 // ---------------------------------------------------------------------------------- conversions
 // Kernels read and write float / fp16_t / bf16_t and compute in float32.
 __device__ __forceinline__ float to_float(float v) { return v; }
@@ -168,6 +164,23 @@ __device__ __forceinline__ void record_error(int64_t* record, int64_t index, int
   }
 }
 
+// ---------------------------------------------------------------------------------- fast math
+// The SFU's approximations, flush-to-zero, without the range fix-ups of __expf/__fdividef:
+// 2^x within 2 ulp (2^+big = inf, 2^-big = 0) and 1/x within 1 ulp. For math whose result is
+// rounded to 16 bits, or whose per-element error cancels (a softmax row's shared exponent).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---------------------------------------------------------------------------------- vector access
+/*! \brief True if \p ptr is aligned to \p kBytes. */
 template <int kBytes>
 __host__ __device__ __forceinline__ bool is_aligned(const void* ptr) {
   static_assert(kBytes > 0 && (kBytes & (kBytes - 1)) == 0, "alignment must be a power of 2");

@@ -6,11 +6,11 @@ dtype; each output is rounded once to x's dtype. x needs a unit stride along the
 leading dims are flattened with views only (a row stride is passed to the kernel, no copy).
 """
 
-import math
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec, cache_once
+from mllm_kernel.jit_utils import JitSpec
+from mllm_kernel.kernels.op_modules import DeviceModules, rows_view
 
 _EXPORTS = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
 
@@ -32,15 +32,7 @@ SPECS = {
 _GELU_APPROXIMATE = ("none", "tanh")
 
 
-@cache_once
-def _module(device_type: str):
-    return SPECS[device_type].load()
-
-
-def _device_type(op: str, t: torch.Tensor) -> str:
-    if t.device.type not in SPECS:
-        raise ValueError(f"{op}: unsupported device {t.device}; expected a cpu or cuda tensor")
-    return t.device.type
+_module = DeviceModules(SPECS)
 
 
 def _out_shape(op: str, x: torch.Tensor) -> list[int]:
@@ -49,22 +41,9 @@ def _out_shape(op: str, x: torch.Tensor) -> list[int]:
     return [*x.shape[:-1], x.shape[-1] // 2]
 
 
-def _rows(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
-    """[..., n] as a [rows, n] view (never a copy)."""
-    if t.dim() == 2:
-        return t
-    try:
-        return t.view(math.prod(t.shape[:-1]), t.shape[-1])
-    except RuntimeError as error:
-        raise ValueError(
-            f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be "
-            "viewed as [rows, n] without a copy; pass a contiguous tensor"
-        ) from error
-
-
 def _run(op: str, export: str, x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(_out_shape(op, x), dtype=x.dtype, device=x.device)
-    getattr(_module(_device_type(op, x)), export)(_rows(op, "out", out), _rows(op, "x", x))
+    getattr(_module.for_tensor(op, x), export)(rows_view(op, "out", out), rows_view(op, "x", x))
     return out
 
 
@@ -93,7 +72,7 @@ def _(x: torch.Tensor, approximate: str) -> torch.Tensor:
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
-    _device_type("silu_and_mul", x)
+    _module.device_type("silu_and_mul", x)
     return _silu_and_mul_op(x)
 
 
@@ -101,5 +80,5 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """x [..., 2d] -> gelu(x[..., :d], approximate) * x[..., d:]; approximate: "none" | "tanh"."""
     if approximate not in _GELU_APPROXIMATE:
         raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
-    _device_type("gelu_and_mul", x)
+    _module.device_type("gelu_and_mul", x)
     return _gelu_and_mul_op(x, approximate)

@@ -5,16 +5,17 @@
  * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
  * mllm_kernel::gpu::rms_norm and mllm_kernel::gpu::fused_add_rms_norm.
  *
- * Fast path (hidden % (16 / sizeof(T)) == 0, 16-byte aligned pointers and row strides):
- * blockDim.x threads own one row, each holding kVecs 16-byte vectors of it in registers across
- * the block reduction, so x is read once and out written once. Small rows share a block
- * (blockDim.y rows per block) so blocks stay at 256 threads. Otherwise (unaligned, odd hidden,
- * or rows over 4096 vectors: bf16 > 32K, fp32 > 16K elements) a scalar kernel reads the row
- * twice (the second read mostly hits L2).
+ * Fast path (hidden % (16 / sizeof(T)) == 0, 16-byte aligned pointers and row strides): the
+ * row-block scheme of mllm_kernel/row_block.cuh. blockDim.x threads (up to 512) own one row,
+ * each holding kVecs (1-8) 16-byte vectors of it in registers across the block reduction, so x
+ * is read once and out written once. Small rows share a block (blockDim.y rows). Otherwise
+ * (unaligned, odd hidden, or rows over 4096 vectors: bf16 > 32K, fp32 > 16K elements) a scalar
+ * kernel reads the row twice (the second read mostly hits L2).
  */
 #ifndef MLLM_KERNEL_KERNELS_RMS_NORM_CUH_
 #define MLLM_KERNEL_KERNELS_RMS_NORM_CUH_
 
+#include <mllm_kernel/row_block.cuh>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
 #include <mllm_kernel/utils.hpp>
@@ -31,33 +32,16 @@ namespace rms_norm_detail {
 using device::bf16_t;
 using device::fp16_t;
 
-// Sum over the blockDim.x threads of one row (blockDim.x a multiple of 32, blockDim.y rows per
-// block, <= 32 warps in all); every thread gets its row's sum. All threads must call.
-__device__ __forceinline__ float RowReduceSum(float v) {
-  __shared__ float partials[device::kWarpThreads];
-  v = device::warp_reduce_sum(v);
-  const unsigned warps_per_row = blockDim.x / device::kWarpThreads;
-  const unsigned warp = threadIdx.y * warps_per_row + threadIdx.x / device::kWarpThreads;
-  __syncthreads();  // the previous row group may still be reading partials
-  if (threadIdx.x % device::kWarpThreads == 0) partials[warp] = v;
-  __syncthreads();
-  float sum = 0.0f;
-  const float* row_partials = partials + threadIdx.y * warps_per_row;
-  for (unsigned i = 0; i < warps_per_row; ++i) sum += row_partials[i];  // smem broadcast
-  return sum;
-}
-
 __device__ __forceinline__ float InvRms(float sum_sq, int64_t d, float eps) {
   return rsqrtf(sum_sq / static_cast<float>(d) + eps);
 }
 
-// Block size of every launch (threads_x * rows_per_block <= 256). As a launch bound it lets
-// the register tile (up to 16 vectors = 64 registers) stay in registers without spills.
-inline constexpr int kBlockThreads = 256;
+// Block size bound of the scalar kernels (host::plan_rows gives them at most 256 threads).
+inline constexpr int kScalarThreads = 256;
 
 // Vector path of rms_norm. Thread x of a row owns vectors x, x + blockDim.x, ... (coalesced).
 template <typename T, int kVecs>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinBlocks<T, kVecs>)
     RmsNormVecKernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
                      int64_t rows, int64_t d, int64_t out_stride, int64_t x_stride, float eps) {
   using Vec = device::AlignedVector<T, device::kVecSize<T>>;
@@ -65,7 +49,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int nvec = static_cast<int>(d / N);
   device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
   // Grid-stride over groups of blockDim.y rows; the loop bound is uniform over the block
-  // because RowReduceSum syncs it.
+  // because row_reduce syncs it.
   for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
        row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
     const int64_t row = row0 + threadIdx.y;
@@ -84,7 +68,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         }
       }
     }
-    const float inv = InvRms(RowReduceSum(sum_sq), d, eps);
+    const float inv = InvRms(device::row_reduce<false>(sum_sq), d, eps);
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int j = threadIdx.x + k * blockDim.x;
@@ -102,7 +86,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // Vector path of fused_add_rms_norm: the rounded sum stays in registers between the passes.
 template <typename T, int kVecs>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinBlocks<T, kVecs>)
     FusedAddRmsNormVecKernel(T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ w,
                              int64_t rows, int64_t d, int64_t x_stride, int64_t r_stride,
                              float eps) {
@@ -133,7 +117,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         s[k].store(residual + row * r_stride, j);
       }
     }
-    const float inv = InvRms(RowReduceSum(sum_sq), d, eps);
+    const float inv = InvRms(device::row_reduce<false>(sum_sq), d, eps);
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int j = threadIdx.x + k * blockDim.x;
@@ -151,7 +135,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // Scalar path (any alignment, any hidden): two reads of the row, one write.
 template <typename T>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kScalarThreads)
     RmsNormScalarKernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
                         int64_t rows, int64_t d, int64_t out_stride, int64_t x_stride, float eps) {
   device::pdl_wait_primary();
@@ -166,7 +150,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         sum_sq += f * f;
       }
     }
-    const float inv = InvRms(RowReduceSum(sum_sq), d, eps);
+    const float inv = InvRms(device::row_reduce<false>(sum_sq), d, eps);
     if (active) {
       for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
         out[row * out_stride + j] = device::from_float<T>(device::to_float(x[row * x_stride + j]) * inv * device::to_float(w[j]));
@@ -178,7 +162,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // Scalar fused path: each thread re-reads only the residual elements it wrote itself.
 template <typename T>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kScalarThreads)
     FusedAddRmsNormScalarKernel(T* __restrict__ x, T* __restrict__ residual,
                                 const T* __restrict__ w, int64_t rows, int64_t d,
                                 int64_t x_stride, int64_t r_stride, float eps) {
@@ -196,7 +180,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         sum_sq += f * f;
       }
     }
-    const float inv = InvRms(RowReduceSum(sum_sq), d, eps);
+    const float inv = InvRms(device::row_reduce<false>(sum_sq), d, eps);
     if (active) {
       for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
         x[row * x_stride + j] =
@@ -207,55 +191,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   device::pdl_launch_dependents();
 }
 
-// Kernel choice and launch shape shared by both ops.
-struct LaunchPlan {
-  int kvecs = 0;  // 0: scalar kernel
-  unsigned threads_x = 0;
-  unsigned rows_per_block = 0;
-  unsigned blocks = 0;
-};
-
-// vec_ok: hidden divisible by the vector size and every pointer/row stride 16-byte aligned.
-inline LaunchPlan PlanLaunch(int64_t rows, int64_t d, int vec_size, bool vec_ok) {
-  LaunchPlan plan;
-  int64_t threads = 0;
-  if (vec_ok) {
-    const int64_t nvec = d / vec_size;
-    // Fewest vectors per thread that fit the row in one block: blocks stay small, so several
-    // are resident per SM and one block's reduction overlaps another's loads. Rows over
-    // 16 vectors * 256 threads (bf16: 32K, fp32: 16K elements) take the scalar kernel.
-    for (int k : {1, 2, 4, 8, 16}) {
-      if (host::div_ceil(nvec, k) <= kBlockThreads) {
-        plan.kvecs = k;
-        threads = host::div_ceil(nvec, k);
-        break;
-      }
-    }
-  }
-  if (plan.kvecs == 0) threads = std::min<int64_t>(d, kBlockThreads);  // scalar: loop over d
-  plan.threads_x = static_cast<unsigned>(host::div_ceil(threads, device::kWarpThreads) *
-                                         device::kWarpThreads);
-  plan.rows_per_block = std::max<unsigned>(1, kBlockThreads / plan.threads_x);
-  // The grid-stride loop covers rows beyond the cap.
-  constexpr int64_t kMaxBlocks = int64_t{1} << 30;
-  plan.blocks =
-      static_cast<unsigned>(std::min(host::div_ceil(rows, plan.rows_per_block), kMaxBlocks));
-  return plan;
-}
-
-template <typename Kernel>
-inline Kernel PickKernel(int kvecs, Kernel scalar, Kernel v1, Kernel v2, Kernel v4, Kernel v8,
-                         Kernel v16) {
-  switch (kvecs) {
-    case 1: return v1;
-    case 2: return v2;
-    case 4: return v4;
-    case 8: return v8;
-    case 16: return v16;
-    default: return scalar;
-  }
-}
-
 template <typename T>
 void LaunchRmsNorm(T* out, const T* x, const T* w, int64_t rows, int64_t d, int64_t out_stride,
                    int64_t x_stride, float eps, DLDevice dev) {
@@ -263,10 +198,11 @@ void LaunchRmsNorm(T* out, const T* x, const T* w, int64_t rows, int64_t d, int6
   const bool vec_ok = d % N == 0 && out_stride % N == 0 && x_stride % N == 0 &&
                       device::is_aligned<16>(out) && device::is_aligned<16>(x) &&
                       device::is_aligned<16>(w);
-  const LaunchPlan plan = PlanLaunch(rows, d, N, vec_ok);
-  const auto kernel = PickKernel(plan.kvecs, RmsNormScalarKernel<T>, RmsNormVecKernel<T, 1>,
-                                 RmsNormVecKernel<T, 2>, RmsNormVecKernel<T, 4>,
-                                 RmsNormVecKernel<T, 8>, RmsNormVecKernel<T, 16>);
+  const host::RowPlan plan = host::plan_rows(rows, d, N, vec_ok);
+  const auto kernel =
+      plan.kvecs == 0 ? RmsNormScalarKernel<T>
+                      : host::pick_row_kernel(plan, RmsNormVecKernel<T, 1>, RmsNormVecKernel<T, 2>,
+                                              RmsNormVecKernel<T, 4>, RmsNormVecKernel<T, 8>);
   host::LaunchKernel(dim3(plan.blocks), dim3(plan.threads_x, plan.rows_per_block), dev)
       .enable_pdl(true)(kernel, out, x, w, rows, d, out_stride, x_stride, eps);
 }
@@ -278,11 +214,13 @@ void LaunchFusedAddRmsNorm(T* x, T* residual, const T* w, int64_t rows, int64_t 
   const bool vec_ok = d % N == 0 && x_stride % N == 0 && r_stride % N == 0 &&
                       device::is_aligned<16>(x) && device::is_aligned<16>(residual) &&
                       device::is_aligned<16>(w);
-  const LaunchPlan plan = PlanLaunch(rows, d, N, vec_ok);
-  const auto kernel = PickKernel(
-      plan.kvecs, FusedAddRmsNormScalarKernel<T>, FusedAddRmsNormVecKernel<T, 1>,
-      FusedAddRmsNormVecKernel<T, 2>, FusedAddRmsNormVecKernel<T, 4>,
-      FusedAddRmsNormVecKernel<T, 8>, FusedAddRmsNormVecKernel<T, 16>);
+  const host::RowPlan plan = host::plan_rows(rows, d, N, vec_ok);
+  const auto kernel = plan.kvecs == 0
+                          ? FusedAddRmsNormScalarKernel<T>
+                          : host::pick_row_kernel(plan, FusedAddRmsNormVecKernel<T, 1>,
+                                                  FusedAddRmsNormVecKernel<T, 2>,
+                                                  FusedAddRmsNormVecKernel<T, 4>,
+                                                  FusedAddRmsNormVecKernel<T, 8>);
   host::LaunchKernel(dim3(plan.blocks), dim3(plan.threads_x, plan.rows_per_block), dev)
       .enable_pdl(true)(kernel, x, residual, w, rows, d, x_stride, r_stride, eps);
 }

@@ -9,11 +9,11 @@ Inputs need a unit stride along hidden; leading dims are flattened with views on
 stride that a view can express is passed to the kernel, nothing is copied).
 """
 
-import math
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec, cache_once
+from mllm_kernel.jit_utils import JitSpec
+from mllm_kernel.kernels.op_modules import DeviceModules, rows_view
 
 SPECS = {
     "cpu": JitSpec(
@@ -37,37 +37,14 @@ SPECS = {
 }
 
 
-@cache_once
-def _module(device_type: str):
-    return SPECS[device_type].load()
-
-
-def _device_type(op: str, t: torch.Tensor) -> str:
-    if t.device.type not in SPECS:
-        raise ValueError(f"{op}: unsupported device {t.device}; expected a cpu or cuda tensor")
-    return t.device.type
-
-
-def _rows(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
-    """[..., hidden] as a [rows, hidden] view (never a copy)."""
-    if t.dim() == 0:
-        raise ValueError(f"{op}: {name} must have at least 1 dim [..., hidden], got a scalar")
-    if t.dim() == 2:
-        return t
-    try:
-        return t.view(math.prod(t.shape[:-1]), t.shape[-1])
-    except RuntimeError as error:
-        raise ValueError(
-            f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be "
-            "viewed as [rows, hidden] without a copy; pass a contiguous tensor"
-        ) from error
+_module = DeviceModules(SPECS)
 
 
 @torch.library.custom_op("mllm_kernel::rms_norm", mutates_args=())
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    x2 = _rows("rms_norm", "x", x)
-    _module(_device_type("rms_norm", x)).rms_norm(_rows("rms_norm", "out", out), x2, weight, eps)
+    op = "rms_norm"
+    _module.for_tensor(op, x).rms_norm(rows_view(op, "out", out), rows_view(op, "x", x), weight, eps)
     return out
 
 
@@ -81,7 +58,8 @@ def _fused_add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torc
     op = "fused_add_rms_norm"
     if x.shape != residual.shape:
         raise ValueError(f"{op}: x shape {tuple(x.shape)} != residual shape {tuple(residual.shape)}")
-    _module(_device_type(op, x)).fused_add_rms_norm(_rows(op, "x", x), _rows(op, "residual", residual), weight, eps)
+    module = _module.for_tensor(op, x)
+    module.fused_add_rms_norm(rows_view(op, "x", x), rows_view(op, "residual", residual), weight, eps)
 
 
 @_fused_add_rms_norm_op.register_fake
@@ -91,11 +69,11 @@ def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float)
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x [..., hidden], weight [hidden] (x's dtype) -> x / sqrt(mean(x^2) + eps) * weight."""
-    _device_type("rms_norm", x)
+    _module.device_type("rms_norm", x)
     return _rms_norm_op(x, weight, float(eps))
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
     """In place: residual += x (rounded to the dtype), then x = rms_norm(residual, weight, eps)."""
-    _device_type("fused_add_rms_norm", x)
+    _module.device_type("fused_add_rms_norm", x)
     _fused_add_rms_norm_op(x, residual, weight, float(eps))

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec, cache_once
+from mllm_kernel.jit_utils import JitSpec
+from mllm_kernel.kernels.op_modules import DeviceModules
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 
 SPECS = {
@@ -38,9 +39,7 @@ SPECS = {
 }
 
 
-@cache_once
-def _module(device_type: str):
-    return SPECS[device_type].load()
+_module = DeviceModules(SPECS)
 
 
 # ----------------------------------------------------------------------------- CUDA error record

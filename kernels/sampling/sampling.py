@@ -26,7 +26,8 @@ import math
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec, cache_once
+from mllm_kernel.jit_utils import JitSpec
+from mllm_kernel.kernels.op_modules import DeviceModules
 
 _EXPORTS = ("greedy_sample", "top_k_top_p_sample", "min_p_sample")
 
@@ -46,19 +47,11 @@ SPECS = {
 }
 
 
-@cache_once
-def _module(device_type: str):
-    return SPECS[device_type].load()
-
-
-def _device_type(x: torch.Tensor, op: str) -> str:
-    if x.device.type not in SPECS:
-        raise ValueError(f"{op}: unsupported device {x.device}; expected cpu or cuda")
-    return x.device.type
+_module = DeviceModules(SPECS)
 
 
 def _check_rows(x: torch.Tensor, op: str, name: str) -> int:
-    _device_type(x, op)
+    _module.device_type(op, x)
     if x.dim() != 2:
         raise ValueError(f"{op}: {name} must be 2-D [batch, vocab], got shape {tuple(x.shape)}")
     return x.shape[0]
@@ -74,7 +67,7 @@ def _empty_tokens(x: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("mllm_kernel::greedy_sample", mutates_args=())
 def _greedy_op(logits: torch.Tensor) -> torch.Tensor:
     out = _empty_tokens(logits)
-    _module(_device_type(logits, "greedy_sample")).greedy_sample(out, logits)
+    _module.for_tensor("greedy_sample", logits).greedy_sample(out, logits)
     return out
 
 
@@ -88,7 +81,7 @@ def _top_k_top_p_op(
     logits: torch.Tensor, uniforms: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
     out = _empty_tokens(logits)
-    _module(_device_type(logits, "top_k_top_p_sample")).top_k_top_p_sample(out, logits, uniforms, top_k, top_p)
+    _module.for_tensor("top_k_top_p_sample", logits).top_k_top_p_sample(out, logits, uniforms, top_k, top_p)
     return out
 
 
@@ -100,7 +93,7 @@ def _(logits, uniforms, top_k, top_p):
 @torch.library.custom_op("mllm_kernel::min_p_sample", mutates_args=())
 def _min_p_op(probs: torch.Tensor, uniforms: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     out = _empty_tokens(probs)
-    _module(_device_type(probs, "min_p_sample")).min_p_sample(out, probs, uniforms, min_p)
+    _module.for_tensor("min_p_sample", probs).min_p_sample(out, probs, uniforms, min_p)
     return out
 
 

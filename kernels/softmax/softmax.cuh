@@ -3,10 +3,13 @@
  * \brief CUDA softmax / log_softmax over the last dim (float32, float16, bfloat16) on torch's
  *        current stream; float32 accumulation.
  *
- * One block per row. Pass 1 reads the row once and keeps a per-thread online (max, sum of exp),
- * combined by two block reductions. Pass 2 writes the output; when the row fits in shared
- * memory pass 1 also copies it there, so global memory is read once and written once.
- * 16-byte vector accesses when both pointers, the row stride and the vocab allow them.
+ * Rows of up to 4096 16-byte vectors (bf16 32K, fp32 16K), 16-byte aligned: the row-block
+ * scheme of mllm_kernel/row_block.cuh, the row held in registers across a max and a sum
+ * reduction. Longer or unaligned rows: one block per row; pass 1 reads the row once and keeps
+ * a per-thread online (max, sum of exp), combined by two block reductions, and pass 2 writes
+ * the output; when the row fits in shared memory pass 1 also copies it there, so global memory
+ * is read once and written once. Exponentials are exp2_approx with log2(e) folded into the
+ * scale (the error it adds is far below float32 rounding of the probabilities that matter).
  *
  * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
  * mllm_kernel::gpu::softmax and mllm_kernel::gpu::log_softmax.
@@ -14,6 +17,7 @@
 #ifndef MLLM_KERNEL_KERNELS_SOFTMAX_CUH_
 #define MLLM_KERNEL_KERNELS_SOFTMAX_CUH_
 
+#include <mllm_kernel/row_block.cuh>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
 #include <mllm_kernel/utils.hpp>
@@ -31,6 +35,10 @@ namespace softmax_detail {
 
 using device::AlignedVector;
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float Exp(float x) { return device::exp2_approx(x * kLog2e); }
+
 
 // Adds a chunk (already scaled, chunk_max its max) to a running (max, sum of exp(v - max)).
 // One rescale per chunk instead of per element.
@@ -38,8 +46,8 @@ __device__ __forceinline__ void OnlineUpdate(float& run_max, float& run_sum, flo
                                              const float* v, int n) {
   const float new_max = fmaxf(run_max, chunk_max);
   if (new_max == -INFINITY) return;  // everything so far is -inf: contributes nothing
-  float s = run_max == -INFINITY ? 0.0f : run_sum * expf(run_max - new_max);
-  for (int k = 0; k < n; ++k) s += expf(v[k] - new_max);
+  float s = run_max == -INFINITY ? 0.0f : run_sum * Exp(run_max - new_max);
+  for (int k = 0; k < n; ++k) s += Exp(v[k] - new_max);
   run_max = new_max;
   run_sum = s;
 }
@@ -73,7 +81,7 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
     OnlineUpdate(run_max, run_sum, chunk_max, f, kVec);
   }
   const float row_max = device::block_reduce_max(run_max);
-  const float part = (run_max == -INFINITY) ? 0.0f : run_sum * expf(run_max - row_max);
+  const float part = (run_max == -INFINITY) ? 0.0f : run_sum * Exp(run_max - row_max);
   const float sum = device::block_reduce_sum(part);  // syncs: the cache is complete after it
   const float log_sum = logf(sum);
   const float inv_sum = 1.0f / sum;
@@ -89,9 +97,68 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       const float z = device::to_float(in[k]) * inv_temp - row_max;
-      o[k] = device::from_float<T>(kLog ? z - log_sum : expf(z) * inv_sum);
+      o[k] = device::from_float<T>(kLog ? z - log_sum : Exp(z) * inv_sum);
     }
     o.store(out_row, v);
+  }
+  device::pdl_launch_dependents();
+}
+
+// Row-block path: thread x of a row holds vectors x, x + blockDim.x, ... of it in registers.
+// inv_temp > 0, so the max of x also gives the max of x * inv_temp.
+template <typename T, int kVecs, bool kLog>
+__global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinBlocks<T, kVecs>)
+    SoftmaxRowKernel(T* __restrict__ out, const T* __restrict__ x, int64_t rows, int64_t vocab,
+                     int64_t x_stride, float inv_temp) {
+  using Vec = AlignedVector<T, device::kVecSize<T>>;
+  constexpr int N = Vec::kSize;
+  const int nvec = static_cast<int>(vocab / N);
+  const float scale = inv_temp * kLog2e;  // exp(z * inv_temp) = 2^(z * scale)
+  device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
+  // Grid-stride over groups of blockDim.y rows; uniform over the block (row_reduce syncs).
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
+       row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = row0 + threadIdx.y;
+    const bool active = row < rows;
+    Vec v[kVecs];
+    float local_max = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (active && j < nvec) {
+        v[k].load(x + row * x_stride, j);
+#pragma unroll
+        for (int i = 0; i < N; ++i) local_max = fmaxf(local_max, device::to_float(v[k][i]));
+      }
+    }
+    const float row_max = device::row_reduce<true>(local_max);
+    float local_sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (active && j < nvec) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          local_sum += device::exp2_approx((device::to_float(v[k][i]) - row_max) * scale);
+        }
+      }
+    }
+    const float sum = device::row_reduce<false>(local_sum);
+    const float log_sum = logf(sum), inv_sum = 1.0f / sum;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (active && j < nvec) {
+        Vec o;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const float z = device::to_float(v[k][i]) - row_max;  // all -inf rows: NaN, as torch
+          o[i] = device::from_float<T>(kLog ? z * inv_temp - log_sum
+                                            : device::exp2_approx(z * scale) * inv_sum);
+        }
+        o.store(out + row * vocab, j);
+      }
+    }
   }
   device::pdl_launch_dependents();
 }
@@ -142,7 +209,14 @@ void Dispatch(DLDevice dev, tvm::ffi::TensorView out, tvm::ffi::TensorView x, in
   // Every row start must be 16-byte aligned: base pointers, vocab (out rows) and stride.
   const bool vectorized = device::is_aligned<16>(o) && device::is_aligned<16>(in) &&
                           vocab % kVec == 0 && stride % kVec == 0;
-  if (vectorized) {
+  const host::RowPlan plan = host::plan_rows(rows, vocab, kVec, vectorized);
+  if (plan.kvecs != 0) {
+    const auto kernel = host::pick_row_kernel(
+        plan, SoftmaxRowKernel<T, 1, kLog>, SoftmaxRowKernel<T, 2, kLog>,
+        SoftmaxRowKernel<T, 4, kLog>, SoftmaxRowKernel<T, 8, kLog>);
+    host::LaunchKernel(dim3(plan.blocks), dim3(plan.threads_x, plan.rows_per_block), dev)
+        .enable_pdl(true)(kernel, o, in, rows, vocab, stride, inv_temp);
+  } else if (vectorized) {
     LaunchTyped<T, kVec, kLog>(dev, o, in, rows, vocab, stride, inv_temp);
   } else {
     LaunchTyped<T, 1, kLog>(dev, o, in, rows, vocab, stride, inv_temp);

@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec, cache_once
+from mllm_kernel.jit_utils import JitSpec
+from mllm_kernel.kernels.op_modules import DeviceModules, rows_view
 
 SPECS = {
     "cpu": JitSpec(
@@ -35,38 +36,14 @@ SPECS = {
 }
 
 
-@cache_once
-def _module(device_type: str):
-    return SPECS[device_type].load()
-
-
-def _device_type(x: torch.Tensor, op: str) -> str:
-    if x.device.type not in SPECS:
-        raise ValueError(f"{op}: unsupported device {x.device}; expected cpu or cuda")
-    return x.device.type
-
-
-def _rows(x: torch.Tensor, op: str) -> torch.Tensor:
-    """x as a 2-D [rows, vocab] view (never a copy); the C++ matcher checks the strides."""
-    if x.dim() == 0:
-        raise ValueError(f"{op}: expected a tensor with at least 1 dim, got a scalar")
-    if x.dim() == 2:
-        return x
-    if x.dim() == 1:
-        return x.unsqueeze(0)
-    try:
-        return x.view(-1, x.shape[-1])
-    except RuntimeError as error:
-        raise ValueError(
-            f"{op}: the leading dims of x (shape {tuple(x.shape)}, strides {x.stride()}) cannot be "
-            "flattened into one row dim without a copy; pass a contiguous tensor"
-        ) from error
+_module = DeviceModules(SPECS)
 
 
 @torch.library.custom_op("mllm_kernel::softmax", mutates_args=())
 def _softmax_op(x: torch.Tensor, temperature: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _module(_device_type(x, "softmax")).softmax(_rows(out, "softmax"), _rows(x, "softmax"), temperature)
+    op = "softmax"
+    _module.for_tensor(op, x).softmax(rows_view(op, "out", out), rows_view(op, "x", x), temperature)
     return out
 
 
@@ -78,7 +55,8 @@ def _(x: torch.Tensor, temperature: float) -> torch.Tensor:
 @torch.library.custom_op("mllm_kernel::log_softmax", mutates_args=())
 def _log_softmax_op(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _module(_device_type(x, "log_softmax")).log_softmax(_rows(out, "log_softmax"), _rows(x, "log_softmax"))
+    op = "log_softmax"
+    _module.for_tensor(op, x).log_softmax(rows_view(op, "out", out), rows_view(op, "x", x))
     return out
 
 
@@ -93,11 +71,11 @@ def softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     temperature = float(temperature)
     if not (temperature > 0.0 and math.isfinite(temperature)):
         raise ValueError(f"softmax: temperature must be a positive finite number, got {temperature}")
-    _device_type(x, "softmax")
+    _module.device_type("softmax", x)
     return _softmax_op(x, temperature)
 
 
 def log_softmax(x: torch.Tensor) -> torch.Tensor:
     """log(softmax(x)) over the last dim, computed as (x - max) - log(sum(exp(x - max)))."""
-    _device_type(x, "log_softmax")
+    _module.device_type("log_softmax", x)
     return _log_softmax_op(x)

@@ -178,6 +178,33 @@ def test_cuda_unaligned_strided_and_many_rows(dtype, act):
 
 
 @requires_cuda
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ((300, 2 * 1000), (129, 2 * 4096)))
+def test_cuda_large_inputs(shape, dtype, act):
+    # Over 2^16 vectors: float32 takes 4 vectors per thread, with a partial last group.
+    x = make(shape, dtype, seed=shape[0])
+    out = torch.full((shape[0], shape[1] // 2), float("nan"), dtype=dtype, device="cuda")
+    getattr(activation_module._module("cuda"), ACTS[act][2])(out, x.cuda())
+    check(out, reference(act, x), dtype)
+
+
+@requires_cuda
+def test_cuda_gelu_16bit_tails():
+    # 16-bit GELU takes a polynomial unless an element of its 8-element vector is below -6;
+    # consecutive gates here put vectors on both sides of that edge and across it.
+    gate = torch.linspace(-14.0, 8.0, 8 * 64 + 3)
+    x = torch.cat([gate, torch.ones_like(gate)]).unsqueeze(0)
+    for dtype in (torch.float16, torch.bfloat16):
+        xd = x.to(dtype)
+        check(gelu_and_mul(xd.cuda()), reference("gelu", xd), dtype)
+    # bfloat16 keeps float32's range: the deep tail is still checked relative to its size.
+    xb = x.to(torch.bfloat16)
+    out = gelu_and_mul(xb.cuda()).cpu().double()
+    torch.testing.assert_close(out, reference("gelu", xb).to(torch.bfloat16).double(), rtol=8e-3, atol=0)
+
+
+@requires_cuda
 def test_cuda_poisoned_output():
     x = make((33, 2 * 1000), torch.bfloat16, seed=9).cuda()
     for act, (_, _, export) in ACTS.items():

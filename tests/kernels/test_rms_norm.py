@@ -177,7 +177,8 @@ def test_torch_compile_fullgraph():
 
 # Covers each register tile size of the vector path (1..16 vectors per thread), the
 # multi-row blocks for short rows, and the scalar fallback for odd or huge rows.
-CUDA_HIDDEN = (1, 3, 8, 64, 127, 1000, 2048, 4096, 4099, 8192, 16384, 32768, 65536 + 8)
+# Every launch shape: 1, 2, 4 and 8 vectors per thread, several rows per block, scalar.
+CUDA_HIDDEN = (1, 3, 8, 64, 127, 1000, 2048, 2056, 4096, 4099, 8192, 16384, 20480, 32768, 65536 + 8)
 
 
 @requires_cuda
@@ -191,6 +192,24 @@ def test_cuda_matches_reference_and_cpu(hidden, dtype):
     check(out, ref_rms_norm(x, w, 1e-6), dtype)
     check(out.cpu(), rms_norm(x, w), dtype)
 
+    xc, rc = x.cuda(), r.cuda()
+    ref_x, ref_r = ref_fused(x, r, w, 1e-6)
+    fused_add_rms_norm(xc, rc, w.cuda())
+    torch.testing.assert_close(rc.cpu(), ref_r, rtol=0, atol=0)
+    check(xc, ref_x, dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", (1000, 2056, 8192, 16384, 20480))
+def test_cuda_many_rows(hidden, dtype):
+    # 600 rows plan for bandwidth (1, 4 or 8 vectors per thread) instead of latency.
+    rows = 600
+    x, w = make((rows, hidden), dtype, seed=hidden + 3), make(hidden, dtype, seed=hidden + 4)
+    r = make((rows, hidden), dtype, seed=hidden + 5)
+    out = torch.full((rows, hidden), float("nan"), dtype=dtype, device="cuda")
+    rms_norm_module._module("cuda").rms_norm(out, x.cuda(), w.cuda(), 1e-6)
+    check(out, ref_rms_norm(x, w, 1e-6), dtype)
     xc, rc = x.cuda(), r.cuda()
     ref_x, ref_r = ref_fused(x, r, w, 1e-6)
     fused_add_rms_norm(xc, rc, w.cuda())

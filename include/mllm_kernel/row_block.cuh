@@ -1,0 +1,117 @@
+/*!
+ * \file mllm_kernel/row_block.cuh
+ * \brief Row-per-block kernels (norms, softmax): a block's threads x cover one row, blockDim.y
+ *        rows share a block, and each thread holds kVecs 16-byte vectors of its row in
+ *        registers across the row's reductions, so the row is read once and written once.
+ *
+ * RowPlan picks kVecs and the block shape; row_reduce<kMax> reduces over one row's threads.
+ * The numbers behind the plan (H200) are in benchmarks/TUNING.md.
+ */
+#ifndef MLLM_KERNEL_ROW_BLOCK_CUH_
+#define MLLM_KERNEL_ROW_BLOCK_CUH_
+
+#include <mllm_kernel/utils.cuh>
+#include <mllm_kernel/utils.hpp>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace mllm_kernel::device {
+
+/*!
+ * \brief Sum (or max) over the blockDim.x threads of one row; every thread gets its row's
+ *        result. blockDim.x is a multiple of 32 and the block at most 32 warps. All threads of
+ *        the block must call.
+ */
+template <bool kMax>
+__device__ __forceinline__ float row_reduce(float v) {
+  __shared__ float partials[kWarpThreads];
+  v = kMax ? warp_reduce_max(v) : warp_reduce_sum(v);
+  const unsigned warps_per_row = blockDim.x / kWarpThreads;
+  const unsigned warp = threadIdx.y * warps_per_row + threadIdx.x / kWarpThreads;
+  __syncthreads();  // the previous call may still be reading partials
+  if (threadIdx.x % kWarpThreads == 0) partials[warp] = v;
+  __syncthreads();
+  const float* row_partials = partials + threadIdx.y * warps_per_row;
+  float result = row_partials[0];
+  for (unsigned i = 1; i < warps_per_row; ++i) {  // shared-memory broadcast
+    result = kMax ? fmaxf(result, row_partials[i]) : result + row_partials[i];
+  }
+  return result;
+}
+
+// Largest block of a row-vector kernel: one row of up to 512 threads.
+inline constexpr int kRowVecMaxThreads = 512;
+
+/*!
+ * \brief Launch bound of a row-vector kernel: at least 2 blocks of 512 threads per SM (64
+ *        registers per thread), so one block's loads overlap another's reductions; 8 vectors
+ *        of 16-bit data spill under that cap (halving the bandwidth on an H200), so they get 1.
+ */
+template <typename T, int kVecs>
+inline constexpr int kRowVecMinBlocks = kVecs == 8 && sizeof(T) == 2 ? 1 : 2;
+
+}  // namespace mllm_kernel::device
+
+namespace mllm_kernel::host {
+
+/*! \brief Launch shape of a row kernel. kvecs == 0: the caller's scalar (any-row) kernel. */
+struct RowPlan {
+  int kvecs = 0;
+  unsigned threads_x = 0;
+  unsigned rows_per_block = 0;
+  unsigned blocks = 0;
+};
+
+/*!
+ * \brief Plans rows of `width` elements: vectors of `vec_size` elements when `vec_ok` (width
+ *        divisible, pointers and row strides 16-byte aligned) and the row fits 8 vectors by
+ *        512 threads; otherwise the scalar kernel with up to 256 threads looping over the row.
+ */
+inline RowPlan plan_rows(int64_t rows, int64_t width, int vec_size, bool vec_ok) {
+  // Scalar kernels and rows of up to 256 threads run 256-thread blocks.
+  constexpr int64_t kBlockThreads = 256, kMaxVecThreads = device::kRowVecMaxThreads;
+  // Fewer rows than this (about 4 per SM of an H100/H200) plan for latency, not bandwidth.
+  constexpr int64_t kManyRows = 512;
+  RowPlan plan;
+  int64_t threads = std::min<int64_t>(width, kBlockThreads);
+  if (vec_ok) {
+    const int64_t nvec = width / vec_size;
+    if (rows >= kManyRows) {
+      // Bandwidth: 4 vectors per thread (4 loads in flight) wherever the row fits 512
+      // threads; on an H200, 2 per thread cost up to 25% of the bandwidth on 8K-wide bf16
+      // rows. Short rows take fewer so a warp still covers them; 2049-4096 vectors take 8.
+      plan.kvecs = nvec <= 128 ? 1 : nvec <= 256 ? 2 : nvec <= 2048 ? 4 : nvec <= 4096 ? 8 : 0;
+    } else {
+      // Latency (the grid does not fill the GPU): the most threads per row, so each row's
+      // loads spread wide; up to 256 threads while the row fits 8 vectors per thread.
+      const int64_t max_threads = nvec <= 8 * kBlockThreads ? kBlockThreads : kMaxVecThreads;
+      for (int k : {1, 2, 4, 8}) {
+        if (div_ceil(nvec, k) <= max_threads) {
+          plan.kvecs = k;
+          break;
+        }
+      }
+    }
+    if (plan.kvecs != 0) threads = div_ceil(nvec, plan.kvecs);
+  }
+  plan.threads_x =
+      static_cast<unsigned>(div_ceil(threads, device::kWarpThreads) * device::kWarpThreads);
+  plan.rows_per_block = std::max<unsigned>(1, kBlockThreads / plan.threads_x);
+  // Kernels loop over row groups (grid-stride), so the cap loses nothing.
+  constexpr int64_t kMaxBlocks = int64_t{1} << 30;
+  plan.blocks = static_cast<unsigned>(std::min(div_ceil(rows, plan.rows_per_block), kMaxBlocks));
+  return plan;
+}
+
+/*! \brief The 1-, 2-, 4- or 8-vector kernel for plan.kvecs (which must not be 0). */
+template <typename Kernel>
+inline Kernel pick_row_kernel(const RowPlan& plan, Kernel v1, Kernel v2, Kernel v4, Kernel v8) {
+  RuntimeCheck(plan.kvecs == 1 || plan.kvecs == 2 || plan.kvecs == 4 || plan.kvecs == 8,
+               "pick_row_kernel: no vector kernel for kvecs=", plan.kvecs);
+  return plan.kvecs == 1 ? v1 : plan.kvecs == 2 ? v2 : plan.kvecs == 4 ? v4 : v8;
+}
+
+}  // namespace mllm_kernel::host
+
+#endif  // MLLM_KERNEL_ROW_BLOCK_CUH_
