@@ -34,6 +34,10 @@ def run_all():
                 mk.gelu_and_mul(x[:, : hidden // 2 * 2], approximate="tanh")
                 mk.softmax(x, temperature=0.7)
                 mk.log_softmax(x)
+        long_rows = torch.randn(2, 151936, device="cuda", dtype=dtype)  # softmax: partly cached rows
+        for x in (long_rows, unaligned((2, 151936), dtype)):
+            mk.softmax(x)
+            mk.log_softmax(x)
         yield f"norm/activation/softmax {dtype}"
         logits = torch.randn(4, 32001, device="cuda", dtype=dtype, generator=g)
         mk.greedy_sample(logits)

@@ -173,6 +173,11 @@ def test_softmax_unaligned_and_strided_cuda(dtype):
     wide = make_logits((5, 1030), dtype, device="cuda", seed=10)
     view = wide[:, :1024]  # odd row stride: scalar path
     check(log_softmax(view), ref_log_softmax(view), dtype, LOG_TOL)
+    # Longer than shared memory holds: the scalar path caches part of the row.
+    long_base = make_logits((2 * 151936 + 1,), dtype, device="cuda", seed=14)
+    long_rows = long_base[1:].view(2, 151936)
+    check(softmax(long_rows), ref_softmax(long_rows), dtype, TOL)
+    check(log_softmax(long_rows), ref_log_softmax(long_rows), dtype, LOG_TOL)
     masked = make_logits((3, 2048), dtype, device="cuda", seed=11)
     masked[:, 5::2] = float("-inf")
     check(softmax(masked), ref_softmax(masked), dtype, TOL)
