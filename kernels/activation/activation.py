@@ -10,7 +10,7 @@ leading dims are flattened with views only (a row stride is passed to the kernel
 import torch
 
 from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules, rows_view
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, rows_view
 
 _EXPORTS = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
 
@@ -42,12 +42,12 @@ def _out_shape(op: str, x: torch.Tensor) -> list[int]:
 
 
 def _run(op: str, export: str, x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(_out_shape(op, x), dtype=x.dtype, device=x.device)
+    out = x.new_empty(_out_shape(op, x))
     getattr(_module.for_tensor(op, x), export)(rows_view(op, "out", out), rows_view(op, "x", x))
     return out
 
 
-@torch.library.custom_op("mllm_kernel::silu_and_mul", mutates_args=())
+@custom_op("silu_and_mul")
 def _silu_and_mul_op(x: torch.Tensor) -> torch.Tensor:
     return _run("silu_and_mul", "silu_and_mul", x)
 
@@ -57,7 +57,7 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(_out_shape("silu_and_mul", x))
 
 
-@torch.library.custom_op("mllm_kernel::gelu_and_mul", mutates_args=())
+@custom_op("gelu_and_mul")
 def _gelu_and_mul_op(x: torch.Tensor, approximate: str) -> torch.Tensor:
     if approximate not in _GELU_APPROXIMATE:
         raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")

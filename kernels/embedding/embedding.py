@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 
 SPECS = {
@@ -51,7 +51,7 @@ def pop_embedding_error(device: torch.device | str | int | None = None) -> tuple
 # ----------------------------------------------------------------------------- op
 
 
-@torch.library.custom_op("mllm_kernel::embedding", mutates_args=())
+@custom_op("embedding")
 def _embedding_op(ids: torch.Tensor, table: torch.Tensor, check: bool) -> torch.Tensor:
     if not ids.is_contiguous():
         raise ValueError(f"embedding: ids must be contiguous, got shape {tuple(ids.shape)} strides {ids.stride()}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 
 SPECS = {
@@ -54,7 +54,7 @@ def pop_kv_cache_error(device: torch.device | str | int | None = None) -> tuple[
 # ----------------------------------------------------------------------------- op
 
 
-@torch.library.custom_op("mllm_kernel::store_kv_cache", mutates_args=("k_cache", "v_cache"))
+@custom_op("store_kv_cache", mutates_args=("k_cache", "v_cache"))
 def _store_kv_cache_op(
     k: torch.Tensor,
     v: torch.Tensor,

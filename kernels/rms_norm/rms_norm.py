@@ -13,7 +13,7 @@ stride that a view can express is passed to the kernel, nothing is copied).
 import torch
 
 from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules, rows_view
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, rows_view
 
 SPECS = {
     "cpu": JitSpec(
@@ -40,9 +40,9 @@ SPECS = {
 _module = DeviceModules(SPECS)
 
 
-@torch.library.custom_op("mllm_kernel::rms_norm", mutates_args=())
+@custom_op("rms_norm")
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     op = "rms_norm"
     _module.for_tensor(op, x).rms_norm(rows_view(op, "out", out), rows_view(op, "x", x), weight, eps)
     return out
@@ -53,7 +53,7 @@ def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("mllm_kernel::fused_add_rms_norm", mutates_args=("x", "residual"))
+@custom_op("fused_add_rms_norm", mutates_args=("x", "residual"))
 def _fused_add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     op = "fused_add_rms_norm"
     if x.shape != residual.shape:

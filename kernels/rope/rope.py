@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 
 SPECS = {
@@ -66,7 +66,7 @@ def _raise_recorded_error(device: torch.device, max_pos: int) -> None:
 # ----------------------------------------------------------------------------- op
 
 
-@torch.library.custom_op("mllm_kernel::apply_rope", mutates_args=("q", "k"))
+@custom_op("apply_rope", mutates_args=("q", "k"))
 def _apply_rope_op(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -27,7 +27,7 @@ import math
 import torch
 
 from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op
 
 _EXPORTS = ("greedy_sample", "top_k_top_p_sample", "min_p_sample")
 
@@ -64,7 +64,7 @@ def _empty_tokens(x: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- custom ops
 
 
-@torch.library.custom_op("mllm_kernel::greedy_sample", mutates_args=())
+@custom_op("greedy_sample")
 def _greedy_op(logits: torch.Tensor) -> torch.Tensor:
     out = _empty_tokens(logits)
     _module.for_tensor("greedy_sample", logits).greedy_sample(out, logits)
@@ -76,7 +76,7 @@ def _(logits: torch.Tensor) -> torch.Tensor:
     return _empty_tokens(logits)
 
 
-@torch.library.custom_op("mllm_kernel::top_k_top_p_sample", mutates_args=())
+@custom_op("top_k_top_p_sample")
 def _top_k_top_p_op(
     logits: torch.Tensor, uniforms: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
@@ -90,7 +90,7 @@ def _(logits, uniforms, top_k, top_p):
     return _empty_tokens(logits)
 
 
-@torch.library.custom_op("mllm_kernel::min_p_sample", mutates_args=())
+@custom_op("min_p_sample")
 def _min_p_op(probs: torch.Tensor, uniforms: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     out = _empty_tokens(probs)
     _module.for_tensor("min_p_sample", probs).min_p_sample(out, probs, uniforms, min_p)

@@ -12,7 +12,7 @@ import math
 import torch
 
 from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules, rows_view
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, rows_view
 
 SPECS = {
     "cpu": JitSpec(
@@ -39,9 +39,9 @@ SPECS = {
 _module = DeviceModules(SPECS)
 
 
-@torch.library.custom_op("mllm_kernel::softmax", mutates_args=())
+@custom_op("softmax")
 def _softmax_op(x: torch.Tensor, temperature: float) -> torch.Tensor:
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     op = "softmax"
     _module.for_tensor(op, x).softmax(rows_view(op, "out", out), rows_view(op, "x", x), temperature)
     return out
@@ -52,9 +52,9 @@ def _(x: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-@torch.library.custom_op("mllm_kernel::log_softmax", mutates_args=())
+@custom_op("log_softmax")
 def _log_softmax_op(x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     op = "log_softmax"
     _module.for_tensor(op, x).log_softmax(rows_view(op, "out", out), rows_view(op, "x", x))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -19,13 +20,25 @@ def _call_key(args: tuple, kwargs: dict) -> tuple:
 def _hide_from_torch_compile(fn: F) -> F:
     """Make TorchDynamo run `fn` eagerly instead of tracing into locks and dict lookups.
 
-    torch is imported only if it is installed; code that defines kernels imports it anyway.
+    torch.compiler.disable imports TorchDynamo (about 1 s), so the wrapper is made on the first
+    call after something else has imported it: until then nothing can be compiling. torch is
+    imported only if installed (code that defines kernels imports it anyway).
     """
     try:
         import torch
     except ImportError:
         return fn
-    return torch.compiler.disable(fn)
+    hidden: list[Callable[..., Any]] = []
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        if not hidden:
+            hidden.append(torch.compiler.disable(fn))
+        return hidden[0](*args, **kwargs)
+
+    return call  # type: ignore[return-value]
 
 
 def cache_once(fn: F) -> F:

@@ -173,10 +173,51 @@ def test_torch_compile_fullgraph():
         torch.testing.assert_close(a, e, rtol=0, atol=0)
 
 
+# -------------------------------------------------------- eager fast path (op_modules.CustomOp)
+# Plain eager calls skip torch.library's dispatcher; these check what that must not lose.
+
+
+def test_eager_call_bumps_versions_of_mutated_args():
+    x, r, w = make((3, 64), torch.float32), make((3, 64), torch.float32, seed=1), make(64, torch.float32)
+    versions = x._version, r._version
+    fused_add_rms_norm(x, r, w)
+    assert x._version > versions[0] and r._version > versions[1]
+
+
+def test_autograd_sees_an_in_place_update_of_a_saved_tensor():
+    a = torch.randn(4, 8, requires_grad=True)
+    saved = a.exp()  # exp saves its output for backward
+    fused_add_rms_norm(saved.detach(), torch.randn(4, 8), torch.ones(8))  # detach shares the version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
+
+
+def test_fake_tensors_and_dispatch_modes_take_the_registered_op():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    with FakeTensorMode():
+        out = rms_norm(torch.empty(3, 5, 16), torch.empty(16))
+        assert out.shape == (3, 5, 16)
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, w = make((2, 32), torch.float32), make(32, torch.float32)
+    with Record() as record:
+        out = rms_norm(x, w)
+    assert any("mllm_kernel.rms_norm" in op for op in record.ops), record.ops
+    check(out, ref_rms_norm(x, w, 1e-6), torch.float32)
+
+
 # ----------------------------------------------------------------------------- CUDA
 
-# Covers each register tile size of the vector path (1..16 vectors per thread), the
-# multi-row blocks for short rows, and the scalar fallback for odd or huge rows.
 # Every launch shape: 1, 2, 4 and 8 vectors per thread, several rows per block, scalar.
 CUDA_HIDDEN = (1, 3, 8, 64, 127, 1000, 2048, 2056, 4096, 4099, 8192, 16384, 20480, 32768, 65536 + 8)
 
