@@ -40,6 +40,34 @@ __device__ __forceinline__ float row_reduce(float v) {
   return result;
 }
 
+/*!
+ * \brief Calls f(row, active) once per group of blockDim.y rows this block takes (grid-stride
+ *        over row groups): row is this thread's row, active whether it exists. The loop is
+ *        uniform over the block, so f may call row_reduce.
+ */
+template <typename F>
+__device__ __forceinline__ void for_each_row_group(int64_t rows, F&& f) {
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
+       row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = row0 + threadIdx.y;
+    f(row, row < rows);
+  }
+}
+
+/*!
+ * \brief Calls f(k, j) for each of this thread's kVecs vectors that lies in its row: vector k
+ *        is the row's 16-byte vector j = threadIdx.x + k * blockDim.x (coalesced across the
+ *        row's threads). Unrolled, so arrays indexed by k stay in registers.
+ */
+template <int kVecs, typename F>
+__device__ __forceinline__ void for_each_row_vec(int nvec, bool active, F&& f) {
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int j = threadIdx.x + k * blockDim.x;
+    if (active && j < nvec) f(k, j);
+  }
+}
+
 // Largest block of a row-vector kernel: one row of up to 512 threads.
 inline constexpr int kRowVecMaxThreads = 512;
 

@@ -39,7 +39,7 @@ __device__ __forceinline__ float InvRms(float sum_sq, int64_t d, float eps) {
 // Block size bound of the scalar kernels (host::plan_rows gives them at most 256 threads).
 inline constexpr int kScalarThreads = 256;
 
-// Vector path of rms_norm. Thread x of a row owns vectors x, x + blockDim.x, ... (coalesced).
+// Vector path of rms_norm (row_block.cuh): the row stays in registers between the passes.
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinBlocks<T, kVecs>)
     RmsNormVecKernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
@@ -48,39 +48,26 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
   constexpr int N = Vec::kSize;
   const int nvec = static_cast<int>(d / N);
   device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
-  // Grid-stride over groups of blockDim.y rows; the loop bound is uniform over the block
-  // because row_reduce syncs it.
-  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
-       row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = row0 + threadIdx.y;
-    const bool active = row < rows;
+  device::for_each_row_group(rows, [&](int64_t row, bool active) {
     Vec v[kVecs];
     float sum_sq = 0.0f;
+    device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
+      v[k].load(x + row * x_stride, j);
 #pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
-      const int j = threadIdx.x + k * blockDim.x;
-      if (active && j < nvec) {
-        v[k].load(x + row * x_stride, j);
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          const float f = device::to_float(v[k][i]);
-          sum_sq += f * f;
-        }
+      for (int i = 0; i < N; ++i) {
+        const float f = device::to_float(v[k][i]);
+        sum_sq += f * f;
       }
-    }
+    });
     const float inv = InvRms(device::row_reduce<false>(sum_sq), d, eps);
+    device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
+      Vec wv, o;
+      wv.load(w, j);
 #pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
-      const int j = threadIdx.x + k * blockDim.x;
-      if (active && j < nvec) {
-        Vec wv, o;
-        wv.load(w, j);
-#pragma unroll
-        for (int i = 0; i < N; ++i) o[i] = device::from_float<T>(device::to_float(v[k][i]) * inv * device::to_float(wv[i]));
-        o.store(out + row * out_stride, j);
-      }
-    }
-  }
+      for (int i = 0; i < N; ++i) o[i] = device::from_float<T>(device::to_float(v[k][i]) * inv * device::to_float(wv[i]));
+      o.store(out + row * out_stride, j);
+    });
+  });
   device::pdl_launch_dependents();
 }
 
@@ -94,42 +81,31 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
   constexpr int N = Vec::kSize;
   const int nvec = static_cast<int>(d / N);
   device::pdl_wait_primary();
-  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
-       row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = row0 + threadIdx.y;
-    const bool active = row < rows;
+  device::for_each_row_group(rows, [&](int64_t row, bool active) {
     Vec s[kVecs];
     float sum_sq = 0.0f;
+    device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
+      Vec xv;
+      xv.load(x + row * x_stride, j);
+      s[k].load(residual + row * r_stride, j);
 #pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
-      const int j = threadIdx.x + k * blockDim.x;
-      if (active && j < nvec) {
-        Vec xv;
-        xv.load(x + row * x_stride, j);
-        s[k].load(residual + row * r_stride, j);
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          // Round first: the norm is of the residual as stored.
-          s[k][i] = device::from_float<T>(device::to_float(xv[i]) + device::to_float(s[k][i]));
-          const float f = device::to_float(s[k][i]);
-          sum_sq += f * f;
-        }
-        s[k].store(residual + row * r_stride, j);
+      for (int i = 0; i < N; ++i) {
+        // Round first: the norm is of the residual as stored.
+        s[k][i] = device::from_float<T>(device::to_float(xv[i]) + device::to_float(s[k][i]));
+        const float f = device::to_float(s[k][i]);
+        sum_sq += f * f;
       }
-    }
+      s[k].store(residual + row * r_stride, j);
+    });
     const float inv = InvRms(device::row_reduce<false>(sum_sq), d, eps);
+    device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
+      Vec wv, o;
+      wv.load(w, j);
 #pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
-      const int j = threadIdx.x + k * blockDim.x;
-      if (active && j < nvec) {
-        Vec wv, o;
-        wv.load(w, j);
-#pragma unroll
-        for (int i = 0; i < N; ++i) o[i] = device::from_float<T>(device::to_float(s[k][i]) * inv * device::to_float(wv[i]));
-        o.store(x + row * x_stride, j);
-      }
-    }
-  }
+      for (int i = 0; i < N; ++i) o[i] = device::from_float<T>(device::to_float(s[k][i]) * inv * device::to_float(wv[i]));
+      o.store(x + row * x_stride, j);
+    });
+  });
   device::pdl_launch_dependents();
 }
 
@@ -139,10 +115,7 @@ __global__ void __launch_bounds__(kScalarThreads)
     RmsNormScalarKernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
                         int64_t rows, int64_t d, int64_t out_stride, int64_t x_stride, float eps) {
   device::pdl_wait_primary();
-  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
-       row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = row0 + threadIdx.y;
-    const bool active = row < rows;
+  device::for_each_row_group(rows, [&](int64_t row, bool active) {
     float sum_sq = 0.0f;
     if (active) {
       for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
@@ -156,7 +129,7 @@ __global__ void __launch_bounds__(kScalarThreads)
         out[row * out_stride + j] = device::from_float<T>(device::to_float(x[row * x_stride + j]) * inv * device::to_float(w[j]));
       }
     }
-  }
+  });
   device::pdl_launch_dependents();
 }
 
@@ -167,10 +140,7 @@ __global__ void __launch_bounds__(kScalarThreads)
                                 const T* __restrict__ w, int64_t rows, int64_t d,
                                 int64_t x_stride, int64_t r_stride, float eps) {
   device::pdl_wait_primary();
-  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
-       row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = row0 + threadIdx.y;
-    const bool active = row < rows;
+  device::for_each_row_group(rows, [&](int64_t row, bool active) {
     float sum_sq = 0.0f;
     if (active) {
       for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
@@ -187,7 +157,7 @@ __global__ void __launch_bounds__(kScalarThreads)
             device::from_float<T>(device::to_float(residual[row * r_stride + j]) * inv * device::to_float(w[j]));
       }
     }
-  }
+  });
   device::pdl_launch_dependents();
 }
 

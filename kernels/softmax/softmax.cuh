@@ -115,51 +115,35 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
   const int nvec = static_cast<int>(vocab / N);
   const float scale = inv_temp * kLog2e;  // exp(z * inv_temp) = 2^(z * scale)
   device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
-  // Grid-stride over groups of blockDim.y rows; uniform over the block (row_reduce syncs).
-  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < rows;
-       row0 += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = row0 + threadIdx.y;
-    const bool active = row < rows;
+  device::for_each_row_group(rows, [&](int64_t row, bool active) {
     Vec v[kVecs];
     float local_max = -INFINITY;
+    device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
+      v[k].load(x + row * x_stride, j);
 #pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
-      const int j = threadIdx.x + k * blockDim.x;
-      if (active && j < nvec) {
-        v[k].load(x + row * x_stride, j);
-#pragma unroll
-        for (int i = 0; i < N; ++i) local_max = fmaxf(local_max, device::to_float(v[k][i]));
-      }
-    }
+      for (int i = 0; i < N; ++i) local_max = fmaxf(local_max, device::to_float(v[k][i]));
+    });
     const float row_max = device::row_reduce<true>(local_max);
     float local_sum = 0.0f;
+    device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int) {
 #pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
-      const int j = threadIdx.x + k * blockDim.x;
-      if (active && j < nvec) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          local_sum += device::exp2_approx((device::to_float(v[k][i]) - row_max) * scale);
-        }
+      for (int i = 0; i < N; ++i) {
+        local_sum += device::exp2_approx((device::to_float(v[k][i]) - row_max) * scale);
       }
-    }
+    });
     const float sum = device::row_reduce<false>(local_sum);
     const float log_sum = logf(sum), inv_sum = 1.0f / sum;
+    device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
+      Vec o;
 #pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
-      const int j = threadIdx.x + k * blockDim.x;
-      if (active && j < nvec) {
-        Vec o;
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          const float z = device::to_float(v[k][i]) - row_max;  // all -inf rows: NaN, as torch
-          o[i] = device::from_float<T>(kLog ? z * inv_temp - log_sum
-                                            : device::exp2_approx(z * scale) * inv_sum);
-        }
-        o.store(out + row * vocab, j);
+      for (int i = 0; i < N; ++i) {
+        const float z = device::to_float(v[k][i]) - row_max;  // all -inf rows: NaN, as torch
+        o[i] = device::from_float<T>(kLog ? z * inv_temp - log_sum
+                                          : device::exp2_approx(z * scale) * inv_sum);
       }
-    }
-  }
+      o.store(out + row * vocab, j);
+    });
+  });
   device::pdl_launch_dependents();
 }
 
