@@ -5,11 +5,12 @@
  *
  * One block per row, no sort of the vocab:
  *  - greedy: one pass, block-wide (value, index) argmax.
- *  - top-k / top-p: a max pass, then bisection on the order-preserving uint32 key of the logit:
+ *  - top-k / top-p: a max pass, then a search on the order-preserving uint32 key of the logit:
  *    top-k finds the k-th largest key with block-wide counts, top-p the largest key whose kept
- *    mass reaches top_p with block-wide sums of exp. Each search stops once its bracket holds
- *    a single token, else after at most 32 steps (exact). Every step is one pass over the row
- *    (L2-resident for decode batch sizes).
+ *    mass reaches top_p with block-wide sums of exp. Each pass tries kWays = 8 thresholds, so
+ *    the bracket shrinks 9-fold per pass; a search stops once its bracket holds a single
+ *    token, else after at most 11 passes (exact). Every pass reads the row (L2-resident for
+ *    decode batch sizes).
  *  - min-p: a max pass, then the threshold is known.
  *  - sampling: each thread sums the kept weights of its contiguous chunk, a block exclusive
  *    scan gives the chunk offsets, and the thread whose chunk crosses u * total finds the token.
@@ -204,11 +205,98 @@ __device__ __forceinline__ float RowMax(const T* row, int64_t n) {
   return device::block_reduce_max(m);
 }
 
+// Thresholds tried per pass of the top-k / top-p searches: each pass narrows the key bracket
+// (up to 2^32 wide) 9-fold instead of 2-fold, so a search takes at most 11 passes, not 32.
+inline constexpr int kWays = 8;
+
+// Block sums of kWays values per thread, in a fixed order (deterministic); every thread gets
+// them. Warp j adds up slot j of the warp partials. Block size: a multiple of 32, <= 1024.
+template <typename V>
+__device__ __forceinline__ void BlockSums(V (&v)[kWays]) {
+  __shared__ V partials[kWays][kWarpThreads];
+  __shared__ V sums[kWays];
+  const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
+  const unsigned num_warps = blockDim.x / kWarpThreads;
+#pragma unroll
+  for (int j = 0; j < kWays; ++j) v[j] = device::warp_reduce_sum(v[j]);
+  __syncthreads();  // the previous call may still be reading partials and sums
+  if (lane == 0) {
+#pragma unroll
+    for (int j = 0; j < kWays; ++j) partials[j][warp] = v[j];
+  }
+  __syncthreads();
+  for (unsigned j = warp; j < kWays; j += num_warps) {
+    const V sum = device::warp_reduce_sum(lane < num_warps ? partials[j][lane] : V{});
+    if (lane == 0) sums[j] = sum;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kWays; ++j) v[j] = sums[j];
+}
+
+// The kWays thresholds that split [lo, hi) into kWays + 1 near-equal parts, ascending. Once
+// hi - lo <= kWays + 1 they cover every key in (lo, hi), so the next step closes the bracket.
+__device__ __forceinline__ void SplitBracket(uint64_t lo, uint64_t hi, uint32_t (&mids)[kWays]) {
+#pragma unroll
+  for (int j = 0; j < kWays; ++j) {
+    mids[j] = static_cast<uint32_t>(lo + (hi - lo) * (j + 1) / (kWays + 1));
+  }
+}
+
+// Moves the bracket to the last threshold that still satisfies the search and the first that
+// does not (ok[j] is true for a prefix of the thresholds). Conditional moves with constant
+// indices only: an index variable would send mids and counts to local memory.
+__device__ __forceinline__ void NarrowBracket(const uint32_t (&mids)[kWays],
+                                              const int32_t (&counts)[kWays],
+                                              const bool (&ok)[kWays], uint64_t& lo,
+                                              int64_t& c_lo, uint64_t& hi, int64_t& c_hi) {
+#pragma unroll
+  for (int j = 0; j < kWays; ++j) {
+    lo = ok[j] ? mids[j] : lo;
+    c_lo = ok[j] ? counts[j] : c_lo;
+  }
+#pragma unroll
+  for (int j = kWays - 1; j >= 0; --j) {
+    hi = ok[j] ? hi : mids[j];
+    c_hi = ok[j] ? c_hi : counts[j];
+  }
+}
+
+// Per-element work of a search pass (functors with forced inlining, unlike lambdas, so the
+// per-threshold arrays stay in registers).
+struct CountAbove {  // counts[j] += key >= mids[j]
+  const uint32_t (&mids)[kWays];
+  int32_t (&counts)[kWays];
+  __device__ __forceinline__ void operator()(int64_t, float v) const {
+    const uint32_t key = Key(v);
+#pragma unroll
+    for (int j = 0; j < kWays; ++j) counts[j] += key >= mids[j];
+  }
+};
+
+struct MassAbove {  // mass[j] += exp(v - row_max), counts[j] += 1 where key >= mids[j]
+  const uint32_t (&mids)[kWays];
+  float (&mass)[kWays];
+  int32_t (&counts)[kWays];
+  float row_max;
+  __device__ __forceinline__ void operator()(int64_t, float v) const {
+    const uint32_t key = Key(v);
+    if (key < mids[0]) return;  // below every threshold: no exp
+    const float e = expf(v - row_max);
+#pragma unroll
+    for (int j = 0; j < kWays; ++j) {
+      const bool in = key >= mids[j];
+      mass[j] += in ? e : 0.0f;
+      counts[j] += in;
+    }
+  }
+};
+
 template <typename T>
-__global__ void TopKTopPKernel(int64_t* __restrict__ out, const T* __restrict__ logits,
-                               int64_t vocab, int64_t stride, const float* __restrict__ uniforms,
-                               const int64_t* __restrict__ top_k,
-                               const float* __restrict__ top_p) {
+__global__ void __launch_bounds__(1024)  // blocks of up to 1024 threads: at most 64 registers
+    TopKTopPKernel(int64_t* __restrict__ out, const T* __restrict__ logits, int64_t vocab,
+                   int64_t stride, const float* __restrict__ uniforms,
+                   const int64_t* __restrict__ top_k, const float* __restrict__ top_p) {
   device::pdl_wait_primary();
   const int64_t b = blockIdx.x;
   const T* row = logits + b * stride;
@@ -223,47 +311,45 @@ __global__ void TopKTopPKernel(int64_t* __restrict__ out, const T* __restrict__ 
   uint64_t lo = 0;
   uint64_t hi = static_cast<uint64_t>(Key(row_max)) + 1;  // empty set
   int64_t c_lo = vocab, c_hi = 0;
+  uint32_t mids[kWays];
+  int32_t counts[kWays];  // the launcher keeps vocab below 2^31
   if (k > 0 && k < vocab) {  // largest lo with count(key >= lo) >= k
     while (hi - lo > 1 && c_lo - c_hi > 1 && c_lo != k) {
-      const uint64_t mid = lo + (hi - lo) / 2;
-      int64_t c = 0;
-      ForEach(row, vocab, [&](int64_t, float v) { c += Key(v) >= mid; });
-      c = device::block_reduce_sum(c);
-      if (c >= k) {
-        lo = mid;
-        c_lo = c;
-      } else {
-        hi = mid;
-        c_hi = c;
-      }
+      SplitBracket(lo, hi, mids);
+#pragma unroll
+      for (int j = 0; j < kWays; ++j) counts[j] = 0;
+      ForEach(row, vocab, CountAbove{mids, counts});
+      BlockSums(counts);
+      bool ok[kWays];
+#pragma unroll
+      for (int j = 0; j < kWays; ++j) ok[j] = counts[j] >= k;
+      NarrowBracket(mids, counts, ok, lo, c_lo, hi, c_hi);
     }
   }
   if (p < 1.0f) {  // largest lo with mass(key >= lo) >= p * mass(top-k set)
-    auto mass = [&](uint64_t t, int64_t* count) {
-      float s = 0.0f;
-      int64_t c = 0;
-      ForEach(row, vocab, [&](int64_t, float v) {
-        if (Key(v) >= t) {
-          s += expf(v - row_max);
-          ++c;
-        }
-      });
-      *count = device::block_reduce_sum(c);
-      return device::block_reduce_sum(s);
-    };
-    const float target = p * mass(lo, &c_lo);
+    float kept = 0.0f;  // mass of the top-k set
+    const uint64_t top_k_lo = lo;
+    ForEach(row, vocab, [&](int64_t, float v) {
+      if (Key(v) >= top_k_lo) kept += expf(v - row_max);
+    });
+    const float target = p * device::block_reduce_sum(kept);
+    float mass[kWays];
     hi = static_cast<uint64_t>(Key(row_max)) + 1;
     c_hi = 0;
     while (hi - lo > 1 && c_lo - c_hi > 1) {
-      const uint64_t mid = lo + (hi - lo) / 2;
-      int64_t c = 0;
-      if (mass(mid, &c) >= target) {
-        lo = mid;
-        c_lo = c;
-      } else {
-        hi = mid;
-        c_hi = c;
+      SplitBracket(lo, hi, mids);
+#pragma unroll
+      for (int j = 0; j < kWays; ++j) {
+        mass[j] = 0.0f;
+        counts[j] = 0;
       }
+      ForEach(row, vocab, MassAbove{mids, mass, counts, row_max});
+      BlockSums(mass);
+      BlockSums(counts);
+      bool ok[kWays];
+#pragma unroll
+      for (int j = 0; j < kWays; ++j) ok[j] = mass[j] >= target;
+      NarrowBracket(mids, counts, ok, lo, c_lo, hi, c_hi);
     }
   }
   const uint64_t threshold = lo;
@@ -386,6 +472,8 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
   const float* u = VerifyPerRow<float>(kOp, "uniforms", uniforms, batch, device);
   const int64_t* ks = VerifyPerRow<int64_t>(kOp, "top_k", top_k, batch, device);
   const float* ps = VerifyPerRow<float>(kOp, "top_p", top_p, batch, device);
+  host::ValueCheck(rows.vocab <= 0x7fffffff, kOp, ": argument 'logits': vocab ", rows.vocab,
+                   " is over 2^31 - 1 (token counts are 32-bit)");
   if (rows.batch == 0) return;
   WithType(rows, [&](auto tag) {
     using T = decltype(tag);
