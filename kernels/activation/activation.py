@@ -9,25 +9,9 @@ leading dims are flattened with views only (a row stride is passed to the kernel
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, rows_view
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs, rows_view
 
-_EXPORTS = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
-
-SPECS = {
-    "cpu": JitSpec(
-        name="activation",
-        device="cpu",
-        cpp_files=("activation/activation.cpp",),
-        cpp_wrappers=tuple((name, f"mllm_kernel::cpu::{name}") for name in _EXPORTS),
-    ),
-    "cuda": JitSpec(
-        name="activation",
-        device="cuda",
-        cuda_files=("activation/activation.cuh",),
-        cuda_wrappers=tuple((name, f"mllm_kernel::gpu::{name}") for name in _EXPORTS),
-    ),
-}
+SPECS = op_specs("activation", ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"))
 
 _GELU_APPROXIMATE = ("none", "tanh")
 

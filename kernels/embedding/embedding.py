@@ -15,24 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 
-SPECS = {
-    "cpu": JitSpec(
-        name="embedding",
-        device="cpu",
-        cpp_files=("embedding/embedding.cpp",),
-        cpp_wrappers=(("embedding", "mllm_kernel::cpu::embedding"),),
-    ),
-    "cuda": JitSpec(
-        name="embedding",
-        device="cuda",
-        cuda_files=("embedding/embedding.cuh",),
-        cuda_wrappers=(("embedding", "mllm_kernel::gpu::embedding"),),
-    ),
-}
+SPECS = op_specs("embedding", ("embedding",))
 
 
 _module = DeviceModules(SPECS)

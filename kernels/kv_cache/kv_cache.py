@@ -18,24 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 
-SPECS = {
-    "cpu": JitSpec(
-        name="kv_cache",
-        device="cpu",
-        cpp_files=("kv_cache/kv_cache.cpp",),
-        cpp_wrappers=(("store_kv_cache", "mllm_kernel::cpu::store_kv_cache"),),
-    ),
-    "cuda": JitSpec(
-        name="kv_cache",
-        device="cuda",
-        cuda_files=("kv_cache/kv_cache.cuh",),
-        cuda_wrappers=(("store_kv_cache", "mllm_kernel::gpu::store_kv_cache"),),
-    ),
-}
+SPECS = op_specs("kv_cache", ("store_kv_cache",))
 
 
 _module = DeviceModules(SPECS)

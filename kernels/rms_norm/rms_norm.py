@@ -12,29 +12,9 @@ stride that a view can express is passed to the kernel, nothing is copied).
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, rows_view
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs, rows_view
 
-SPECS = {
-    "cpu": JitSpec(
-        name="rms_norm",
-        device="cpu",
-        cpp_files=("rms_norm/rms_norm.cpp",),
-        cpp_wrappers=(
-            ("rms_norm", "mllm_kernel::cpu::rms_norm"),
-            ("fused_add_rms_norm", "mllm_kernel::cpu::fused_add_rms_norm"),
-        ),
-    ),
-    "cuda": JitSpec(
-        name="rms_norm",
-        device="cuda",
-        cuda_files=("rms_norm/rms_norm.cuh",),
-        cuda_wrappers=(
-            ("rms_norm", "mllm_kernel::gpu::rms_norm"),
-            ("fused_add_rms_norm", "mllm_kernel::gpu::fused_add_rms_norm"),
-        ),
-    ),
-}
+SPECS = op_specs("rms_norm", ("rms_norm", "fused_add_rms_norm"))
 
 
 _module = DeviceModules(SPECS)

@@ -19,24 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 
-SPECS = {
-    "cpu": JitSpec(
-        name="rope",
-        device="cpu",
-        cpp_files=("rope/rope.cpp",),
-        cpp_wrappers=(("apply_rope", "mllm_kernel::cpu::apply_rope"),),
-    ),
-    "cuda": JitSpec(
-        name="rope",
-        device="cuda",
-        cuda_files=("rope/rope.cuh",),
-        cuda_wrappers=(("apply_rope", "mllm_kernel::gpu::apply_rope"),),
-    ),
-}
+SPECS = op_specs("rope", ("apply_rope",))
 
 
 _module = DeviceModules(SPECS)

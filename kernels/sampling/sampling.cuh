@@ -436,6 +436,21 @@ inline void WithType(const Rows& rows, Fn&& fn) {
   }
 }
 
+// One block per row: kernel_for(T{})<<<batch, ThreadsFor(vocab)>>>(out, rows as const T*,
+// vocab, stride, extra...), T the rows' element type; nothing for an empty batch.
+template <typename KernelFor, typename... Extra>
+inline void LaunchRows(const Rows& rows, DLDevice device, int64_t* out, tvm::ffi::TensorView x,
+                       KernelFor&& kernel_for, Extra... extra) {
+  if (rows.batch == 0) return;
+  WithType(rows, [&](auto tag) {
+    using T = decltype(tag);
+    host::LaunchKernel(dim3(static_cast<unsigned>(rows.batch)), dim3(ThreadsFor(rows.vocab)),
+                       device)
+        .enable_pdl(true)(kernel_for(tag), out, host::data_ptr<const T>(x), rows.vocab,
+                          rows.stride, extra...);
+  });
+}
+
 }  // namespace sampling_detail
 
 /*! \brief out[b] = argmax(logits[b]) (first index on ties; a NaN wins, like torch.argmax). */
@@ -445,14 +460,8 @@ inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits)
   host::SymbolicDevice device{"device"};
   const Rows rows = VerifyRows("greedy_sample", "logits", logits, batch, device);
   int64_t* dst = VerifyOut("greedy_sample", out, batch, device);
-  if (rows.batch == 0) return;
-  WithType(rows, [&](auto tag) {
-    using T = decltype(tag);
-    host::LaunchKernel(dim3(static_cast<unsigned>(rows.batch)), dim3(ThreadsFor(rows.vocab)),
-                       device.unwrap())
-        .enable_pdl(true)(GreedyKernel<T>, dst, host::data_ptr<const T>(logits), rows.vocab,
-                          rows.stride);
-  });
+  LaunchRows(rows, device.unwrap(), dst, logits,
+             [](auto tag) { return GreedyKernel<decltype(tag)>; });
 }
 
 /*!
@@ -474,14 +483,8 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
   const float* ps = VerifyPerRow<float>(kOp, "top_p", top_p, batch, device);
   host::ValueCheck(rows.vocab <= 0x7fffffff, kOp, ": argument 'logits': vocab ", rows.vocab,
                    " is over 2^31 - 1 (token counts are 32-bit)");
-  if (rows.batch == 0) return;
-  WithType(rows, [&](auto tag) {
-    using T = decltype(tag);
-    host::LaunchKernel(dim3(static_cast<unsigned>(rows.batch)), dim3(ThreadsFor(rows.vocab)),
-                       device.unwrap())
-        .enable_pdl(true)(TopKTopPKernel<T>, dst, host::data_ptr<const T>(logits), rows.vocab,
-                          rows.stride, u, ks, ps);
-  });
+  LaunchRows(rows, device.unwrap(), dst, logits,
+             [](auto tag) { return TopKTopPKernel<decltype(tag)>; }, u, ks, ps);
 }
 
 /*!
@@ -498,14 +501,8 @@ inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
   int64_t* dst = VerifyOut(kOp, out, batch, device);
   const float* u = VerifyPerRow<float>(kOp, "uniforms", uniforms, batch, device);
   const float* mp = VerifyPerRow<float>(kOp, "min_p", min_p, batch, device);
-  if (rows.batch == 0) return;
-  WithType(rows, [&](auto tag) {
-    using T = decltype(tag);
-    host::LaunchKernel(dim3(static_cast<unsigned>(rows.batch)), dim3(ThreadsFor(rows.vocab)),
-                       device.unwrap())
-        .enable_pdl(true)(MinPKernel<T>, dst, host::data_ptr<const T>(probs), rows.vocab,
-                          rows.stride, u, mp);
-  });
+  LaunchRows(rows, device.unwrap(), dst, probs,
+             [](auto tag) { return MinPKernel<decltype(tag)>; }, u, mp);
 }
 
 }  // namespace mllm_kernel::gpu

@@ -26,25 +26,9 @@ import math
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
 
-_EXPORTS = ("greedy_sample", "top_k_top_p_sample", "min_p_sample")
-
-SPECS = {
-    "cpu": JitSpec(
-        name="sampling",
-        device="cpu",
-        cpp_files=("sampling/sampling.cpp",),
-        cpp_wrappers=tuple((name, f"mllm_kernel::cpu::{name}") for name in _EXPORTS),
-    ),
-    "cuda": JitSpec(
-        name="sampling",
-        device="cuda",
-        cuda_files=("sampling/sampling.cuh",),
-        cuda_wrappers=tuple((name, f"mllm_kernel::gpu::{name}") for name in _EXPORTS),
-    ),
-}
+SPECS = op_specs("sampling", ("greedy_sample", "top_k_top_p_sample", "min_p_sample"))
 
 
 _module = DeviceModules(SPECS)

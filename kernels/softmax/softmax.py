@@ -11,29 +11,9 @@ import math
 
 import torch
 
-from mllm_kernel.jit_utils import JitSpec
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, rows_view
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs, rows_view
 
-SPECS = {
-    "cpu": JitSpec(
-        name="softmax",
-        device="cpu",
-        cpp_files=("softmax/softmax.cpp",),
-        cpp_wrappers=(
-            ("softmax", "mllm_kernel::cpu::softmax"),
-            ("log_softmax", "mllm_kernel::cpu::log_softmax"),
-        ),
-    ),
-    "cuda": JitSpec(
-        name="softmax",
-        device="cuda",
-        cuda_files=("softmax/softmax.cuh",),
-        cuda_wrappers=(
-            ("softmax", "mllm_kernel::gpu::softmax"),
-            ("log_softmax", "mllm_kernel::gpu::log_softmax"),
-        ),
-    ),
-}
+SPECS = op_specs("softmax", ("softmax", "log_softmax"))
 
 
 _module = DeviceModules(SPECS)

@@ -12,6 +12,26 @@ import torch
 from mllm_kernel.jit_utils import JitSpec, cache_once
 
 
+def op_specs(folder: str, exports: Iterable[str]) -> dict[str, JitSpec]:
+    """An op folder's SPECS by the kernels/<op>/ layout: <folder>.cpp defines
+    mllm_kernel::cpu::<name> and <folder>.cuh mllm_kernel::gpu::<name> for each exported name."""
+    exports = tuple(exports)
+    return {
+        "cpu": JitSpec(
+            name=folder,
+            device="cpu",
+            cpp_files=(f"{folder}/{folder}.cpp",),
+            cpp_wrappers=tuple((name, f"mllm_kernel::cpu::{name}") for name in exports),
+        ),
+        "cuda": JitSpec(
+            name=folder,
+            device="cuda",
+            cuda_files=(f"{folder}/{folder}.cuh",),
+            cuda_wrappers=tuple((name, f"mllm_kernel::gpu::{name}") for name in exports),
+        ),
+    }
+
+
 class DeviceModules:
     """An op's modules by device type, from its SPECS ({"cpu": JitSpec, "cuda": JitSpec}).
 
