@@ -4,7 +4,7 @@ Run from the repository root:
     python3 benchmarks/bench_ops.py [--device cuda|cpu] [--ops rms_norm,softmax] [--quick]
                                     [--compile | --no-compile] [--markdown PATH] [--json PATH]
 
-Cases come from kernels/<op>/bench_<op>.py: benchmark_cases(device) -> list of dicts with "op",
+Cases come from the op registry, kernels/<op>/cases.py: benchmark_cases(device) -> list of dicts with "op",
 "shape", "dtype", "ours", "eager" (zero-arg callables), "bytes" (minimum bytes moved) and an
 optional "check": False (ours and eager legitimately differ, e.g. a different sampling order)
 and "graph": False (CUDA: time launches, the callable cannot be captured in a CUDA graph).
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import importlib
 import json
 import math
 import os
@@ -35,16 +34,13 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-# Bench module (kernels/<module>/bench_<module>.py) -> the op names its cases use (before any "[...]").
-MODULES = {
-    "rms_norm": ("rms_norm", "fused_add_rms_norm"),
-    "activation": ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"),
-    "softmax": ("softmax", "log_softmax"),
-    "sampling": ("greedy_sample", "top_k_top_p_sample", "min_p_sample"),
-    "rope": ("apply_rope",),
-    "kv_cache": ("store_kv_cache",),
-    "embedding": ("embedding",),
-}
+from mllm_kernel import kernels  # noqa: E402
+
+
+def bench_packages() -> list[str]:
+    """The op packages with benchmark cases (kernels/<op>/cases.py: benchmark_cases)."""
+    return [n for n in kernels.names() if hasattr(kernels.cases(n), "benchmark_cases")]
+
 
 # (atol, rtol) by the eager output's dtype: loose, this catches wrong kernels, not ulp drift.
 TOLERANCES = {
@@ -263,26 +259,27 @@ def check_case(case: dict) -> str:
 
 
 def parse_ops(spec: str | None) -> dict[str, set[str] | None]:
-    """--ops tokens: bench module names (all their cases) or op names (only those cases)."""
+    """--ops tokens: op package names (all their cases) or public op names (only those cases)."""
+    packages = bench_packages()
     if not spec:
-        return {m: None for m in MODULES}
+        return {m: None for m in packages}
+    exports = kernels.exports()
     chosen: dict[str, set[str] | None] = {}
     for token in (t.strip() for t in spec.split(",") if t.strip()):
-        if token in MODULES:
+        if token in packages:
             chosen[token] = None
             continue
-        module = next((m for m, names in MODULES.items() if token in names), None)
-        if module is None:
-            known = sorted(set(MODULES) | {n for names in MODULES.values() for n in names})
+        module = exports.get(token)
+        if module not in packages:
+            known = sorted(set(packages) | {n for n, m in exports.items() if m in packages})
             raise SystemExit(f"--ops: unknown op {token!r}; known: {', '.join(known)}")
         if chosen.get(module, set()) is not None:
             chosen.setdefault(module, set()).add(token)
-    return {m: chosen[m] for m in MODULES if m in chosen}  # stable order
+    return {m: chosen[m] for m in packages if m in chosen}  # stable order
 
 
 def load_cases(module: str, names: set[str] | None, device: str, quick: bool) -> list[dict]:
-    bench = importlib.import_module(f"mllm_kernel.kernels.{module}.bench_{module}")
-    cases = [c for c in bench.benchmark_cases(device) if names is None or c["op"].split("[")[0] in names]
+    cases = [c for c in kernels.cases(module).benchmark_cases(device) if names is None or c["op"].split("[")[0] in names]
     if quick:  # the first case of each op name (the bench files list small shapes first)
         firsts = {}
         for c in cases:

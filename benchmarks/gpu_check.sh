@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import mllm_kernel.kernels as kernels
 specs = []
 for name in kernels.names():
-    module = importlib.import_module(f"mllm_kernel.kernels.{name}.{name}")
-    specs += list(getattr(module, "SPECS", {}).values()) or list(module.prebuilt_specs())
+    module_specs = kernels.package(name).SPECS
+    specs += list(module_specs.values()) if isinstance(module_specs, dict) else list(module_specs)
 start = time.time()
 with ThreadPoolExecutor(8) as pool:
     list(pool.map(lambda spec: spec.build(), specs))

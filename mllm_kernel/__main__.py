@@ -2,7 +2,7 @@
 
 show-env: the environment report (as `bazel run //tools:show_env`, without the Bazel-only rows).
 show-config: that report, the runtime's configuration, and every kernel module this process
-  knows of (registered by the wrappers, declared in kernels' SPECS / prebuilt_specs(), or listed
+  knows of (registered by the wrappers, declared in the op packages' SPECS, or listed
   in a prebuilt manifest) with its status here: prebuilt, jit-cached or not built.
 show-clangd-recommend-config: write a .clangd with the include paths and flags our kernels need.
 """
@@ -42,10 +42,10 @@ def show_env(args: argparse.Namespace) -> int:
 
 
 def _kernel_modules() -> list[str]:
-    """mllm_kernel.kernels.<op>.<op> for every op folder on the package's search path."""
+    """mllm_kernel.kernels.<op> for every op package in the registry."""
     import mllm_kernel.kernels as kernels
 
-    return [f"mllm_kernel.kernels.{name}.{name}" for name in kernels.names()]
+    return [f"mllm_kernel.kernels.{name}" for name in kernels.names()]
 
 
 def collect_specs() -> tuple[list, list[str]]:
@@ -60,14 +60,8 @@ def collect_specs() -> tuple[list, list[str]]:
         except Exception as error:  # one broken kernel must not hide the others
             problems.append(f"cannot import {module_name}: {type(error).__name__}: {error}")
             continue
-        specs = getattr(module, "SPECS", None)
-        if isinstance(specs, dict):
-            declared += list(specs.values())
-        if callable(getattr(module, "prebuilt_specs", None)):
-            try:
-                declared += list(module.prebuilt_specs())
-            except Exception as error:
-                problems.append(f"{module_name}.prebuilt_specs() failed: {type(error).__name__}: {error}")
+        specs = getattr(module, "SPECS", ())
+        declared += list(specs.values()) if isinstance(specs, dict) else list(specs)
     by_name: dict[str, JitSpec] = {}
     for spec in registered_specs() + declared:
         if isinstance(spec, JitSpec):

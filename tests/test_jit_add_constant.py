@@ -17,7 +17,7 @@ import torch
 
 import mllm_kernel.cpu.jit as cpu_jit
 import mllm_kernel.cuda.jit as cuda_jit
-from mllm_kernel.kernels.add_constant.add_constant import ALLOWED_CONSTANTS, _KERNELS
+from mllm_kernel.kernels.add_constant import ALLOWED_CONSTANTS, _KERNELS
 from mllm_kernel.jit_utils import registered_specs
 
 SIZES = (0, 1, 7, 1024, 2**20)

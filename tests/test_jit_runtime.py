@@ -6,6 +6,7 @@ Needs a C++ compiler and Highway (MLLM_KERNEL_HIGHWAY_ROOT, or the wheel's vendo
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -39,7 +40,7 @@ from mllm_kernel.jit_utils import (
     parse_cuda_arch_list,
     registered_specs,
 )
-from mllm_kernel.jit_utils import config
+from mllm_kernel.jit_utils import config, filememo, make_spec
 
 PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
 SPAWN_TIMEOUT_S = 240
@@ -179,7 +180,7 @@ def test_make_cpp_args_joins_and_floats_round_trip():
     assert make_cpp_args(1, True, torch.float16, "T") == "1, true, fp16_t, T"
     assert make_cpp_args() == ""
     for value in (0.1, 1 / 3, math.pi, 1e-310, -123456.789e10):
-        assert float(make_cpp_args(value)) == value
+        assert float(str(make_cpp_args(value))) == value  # a CppArgs tuple now; its text as before
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 2**63])
@@ -192,6 +193,40 @@ def test_make_cpp_args_rejects_values_without_a_literal(value):
 def test_make_cpp_args_rejects_other_types(value):
     with pytest.raises(TypeError, match=r"argument 1"):
         make_cpp_args(1, value)
+
+
+def test_make_cpp_args_is_a_sequence_that_formats_joined():
+    args = make_cpp_args(16, torch.float16, True)
+    assert isinstance(args, tuple) and tuple(args) == ("16", "fp16_t", "true")
+    assert f"{args}" == str(args) == "16, fp16_t, true"
+    assert f"f<{args}>" == "f<16, fp16_t, true>"
+    assert [*args] == ["16", "fp16_t", "true"]
+    # Rendered arguments pass through unchanged, one by one or as a whole.
+    assert make_cpp_args(*args) == args and make_cpp_args(args) == args
+    assert make_cpp_args(*args, 2.5) == "16, fp16_t, true, 2.5"
+
+
+@pytest.mark.parametrize(
+    "text", ["16", "-3", "0x1F", "10u", "1.5f", "2.", "1e-05", "-2.0", "true", "false", "fp16_t", "int32_t", "ns::T",
+             make_cpp_args(-(2**63))[0]],
+)  # fmt: skip
+def test_make_cpp_args_accepts_rendered_arguments(text):
+    assert make_cpp_args(text) == text
+
+
+def test_load_cpu_jit_takes_splatted_cpp_args(tmp_path):
+    kernel = write_kernel(tmp_path)
+    args = make_cpp_args(7, False)
+    module = load_cpu_jit(
+        "demo_splat",
+        *args,
+        cpp_files=[str(kernel)],
+        cpp_wrappers=[("add_n", f"demo::add_n<{args}>")],
+        extra_include_paths=[str(tmp_path)],
+    )
+    assert module.add_n(1) == 8
+    fields = dict(cpp_files=[str(kernel)], cpp_wrappers=[("add_n", "demo::add_n<7, false>")])
+    assert make_spec("demo_splat", "cpu", args, **fields) == make_spec("demo_splat", "cpu", (7, False), **fields)
 
 
 # ----------------------------------------------------------------------------- cache_once
@@ -310,6 +345,62 @@ def test_key_follows_compiler_identity(tmp_path, monkeypatch):
     assert demo_spec(kernel).key() != key
 
 
+CHILD_KEY = """\
+import ast, subprocess, sys
+from mllm_kernel.jit_utils import JitSpec, filememo
+
+def recomputed(*args, **kwargs):
+    raise AssertionError("a warm process re-read a source or ran the compiler")
+
+filememo._digest_and_includes = recomputed
+subprocess.run = recomputed
+print(JitSpec(**ast.literal_eval(sys.argv[1])).key())
+"""
+
+
+def test_warm_process_reads_no_source_and_runs_no_compiler(tmp_path, isolated_cache, monkeypatch):
+    monkeypatch.setattr(filememo, "RACY_S", 0.0)  # the demo files were written just now
+    isolated_cache.mkdir(mode=0o700)
+    spec = demo_spec(write_kernel(tmp_path))
+    key = spec.key()
+    assert (isolated_cache / filememo.MEMO_DIR / filememo.MEMO_FILE).is_file()
+    command = [sys.executable, "-c", CHILD_KEY, repr(dataclasses.asdict(spec))]
+    result = subprocess.run(command, env=child_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == key
+
+
+def test_memo_never_hides_an_edit(tmp_path, isolated_cache, monkeypatch):
+    monkeypatch.setattr(filememo, "RACY_S", 0.0)
+    isolated_cache.mkdir(mode=0o700)
+    spec = demo_spec(write_kernel(tmp_path))
+    key = spec.key()
+    level2 = tmp_path / "nested" / "level2.hpp"
+    before = level2.stat()
+    time.sleep(0.05)  # past the filesystem's timestamp tick
+    level2.write_text(level2.read_text().replace("kBias = 0", "kBias = 7"))  # same size, same inode
+    os.utime(level2, ns=(before.st_atime_ns, before.st_mtime_ns))  # even with the old mtime back
+    assert level2.stat().st_size == before.st_size and level2.stat().st_ino == before.st_ino
+    assert spec.key() != key
+    filememo.clear_process_memo()  # a new process: only the disk store
+    assert spec.key() != key
+
+
+def test_memo_store_missing_or_corrupt_is_harmless(tmp_path, isolated_cache, monkeypatch):
+    monkeypatch.setattr(filememo, "RACY_S", 0.0)
+    spec = demo_spec(write_kernel(tmp_path))
+    key = spec.key()
+    assert not isolated_cache.exists(), "computing a key must not create the cache directory"
+    store = isolated_cache / filememo.MEMO_DIR / filememo.MEMO_FILE
+    store.parent.mkdir(parents=True, mode=0o700)
+    os.chmod(isolated_cache, 0o700)
+    for garbage in (b"{not json", b"\0" * 100, b'{"src:x": [1, 2]}', b"[]"):
+        store.write_bytes(garbage)
+        filememo.clear_process_memo()
+        assert spec.key() == key
+    assert json.loads(store.read_text())  # rewritten whole
+
+
 # ----------------------------------------------------------------------------- build, load, cache layout
 
 
@@ -405,18 +496,66 @@ def test_sources_resolve_against_source_root(tmp_path, monkeypatch):
         demo_spec(tmp_path / "nope.cpp").key()
 
 
-def test_default_roots_in_dev_tree(monkeypatch):
+def test_default_roots_in_dev_tree(monkeypatch, tmp_path):
     monkeypatch.delenv("MLLM_KERNEL_SOURCE_ROOT", raising=False)
     monkeypatch.delenv("MLLM_KERNEL_INCLUDE_ROOT", raising=False)
     package = Path(os.path.abspath(mllm_kernel.__file__)).parent
-    roots = config.source_roots()
-    # The kernels package's own folder first (a wheel's copy), then a checkout's kernels/.
-    assert roots[0] == package / "kernels"
-    if (package.parent / "kernels").is_dir():
-        assert roots[1:] == [package.parent / "kernels"]
-    assert (roots[-1] / "add_constant" / "add_constant.cpp").is_file()
+    # Relative sources resolve against the working directory (kernels pass absolute paths).
+    monkeypatch.chdir(tmp_path)
+    assert config.source_roots() == [tmp_path]
+    monkeypatch.setenv("MLLM_KERNEL_SOURCE_ROOT", str(package))
+    assert config.source_roots() == [package]
     expected_include = package / "include" if (package / "include").is_dir() else package.parent / "include"
     assert config.include_root() == expected_include
+
+
+def test_relative_sources_resolve_against_cwd(tmp_path, monkeypatch):
+    write_kernel(tmp_path / "demo_dir")
+    monkeypatch.chdir(tmp_path / "demo_dir")
+    spec = demo_spec(Path("kernel.cpp"), extra_include_paths=(str(tmp_path / "demo_dir"),))
+    assert spec.load().add_n(0) == 3
+    # The key does not depend on where the files live: the same sources elsewhere, same key.
+    write_kernel(tmp_path / "elsewhere")
+    moved = demo_spec(tmp_path / "elsewhere" / "kernel.cpp", extra_include_paths=(str(tmp_path / "elsewhere"),))
+    assert moved.source_key() == spec.source_key()
+
+
+def test_jit_utils_does_not_import_the_kernels():
+    # The runtime gets sources as paths; it must never reach into mllm_kernel.kernels.
+    root = Path(mllm_kernel.__file__).parent / "jit_utils"
+    offenders = [p.name for p in root.glob("*.py") if "mllm_kernel.kernels" in p.read_text()]
+    assert offenders == []
+
+
+def add_constant_spec(c: int) -> JitSpec:
+    import mllm_kernel.kernels.add_constant as add_constant_package
+
+    source = Path(add_constant_package.__file__).parent / "add_constant.cpp"
+    return make_spec("add_constant", "cpu", (c,), cpp_files=[source],
+                     cpp_wrappers=[("add_constant", f"mllm_kernel::cpu::add_constant<{c}>")])  # fmt: skip
+
+
+def test_cpu_module_lists_and_restricts_simd_targets(capsys):
+    module = add_constant_spec(16).load()
+    mask = module.mllm_simd_targets()
+    targets = [1 << bit for bit in range(63) if mask >> bit & 1]
+    names = [module.mllm_simd_target_name(target) for target in targets]
+    with capsys.disabled():
+        print(f"\nadd_constant<16> SIMD targets on this CPU: {names}")
+    assert targets and all(names)
+    x = torch.randn(4099)
+    try:
+        for target in targets:
+            module.mllm_set_simd_targets(target)
+            assert module.mllm_simd_targets() == mask  # the listing ignores the restriction
+            out = torch.full_like(x, float("nan"))
+            module.add_constant(out, x)
+            torch.testing.assert_close(out, x + 16, rtol=0, atol=0)
+    finally:
+        module.mllm_set_simd_targets(0)
+    missing = next(1 << bit for bit in range(63) if not mask >> bit & 1)
+    with pytest.raises(ValueError, match="mllm_set_simd_targets"):
+        module.mllm_set_simd_targets(missing)  # dispatching to a target this CPU lacks would crash
 
 
 # ----------------------------------------------------------------------------- switches and errors

@@ -1,14 +1,15 @@
 """mllm_kernel_library: one macro call declares a kernel (kernels/<op>/BUILD.bazel).
 
-It declares the op's sources, its Python wrapper (and benchmark cases) as a py_library, and
-prebuilt shared modules: each `prebuild` entry "python.module:EXPR" names JitSpecs (see
-mllm_kernel/jit_utils/aot.py) that are compiled at build time by the runtime's own build code,
+It declares the op's sources, its Python package as a py_library, and the prebuilt shared
+modules of the package's SPECS (see mllm_kernel/jit_utils/aot.py), compiled at build time by the
+runtime's own build code,
 hermetically (the C++ toolchain's compiler with our Highway; the hermetic nvcc for the configured
 --//tools/cuda:archs), into a tree laid out like the JIT cache with a manifest the runtime reads.
 """
 
 load("@bazel_skylib//rules:common_settings.bzl", "BuildSettingInfo")
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
+load("@pypi//:requirements.bzl", "requirement")
 load("@rules_python//python:defs.bzl", "py_binary", "py_library")
 
 PrebuiltInfo = provider(
@@ -38,7 +39,8 @@ def _prebuilt_modules_impl(ctx):
     args.add("--out", tree.path)
     args.add("--archs", ",".join(archs))
     args.add("--devices", ",".join(devices))
-    args.add_all(ctx.attr.specs)
+    args.add("--module", ctx.attr.package)
+    args.add("--attr", "SPECS")
     ctx.actions.run(
         executable = ctx.executable.aot_tool,
         arguments = [args],
@@ -59,7 +61,7 @@ def _prebuilt_modules_impl(ctx):
 prebuilt_modules = rule(
     implementation = _prebuilt_modules_impl,
     attrs = {
-        "specs": attr.string_list(mandatory = True),
+        "package": attr.string(mandatory = True, doc = "the Python package whose SPECS to prebuild"),
         "aot_tool": attr.label(mandatory = True, executable = True, cfg = "exec"),
         "_archs": attr.label(default = "//tools/cuda:archs"),
         "_cpu_kernels": attr.label(default = "//tools:cpu_kernels"),
@@ -74,35 +76,36 @@ prebuilt_modules = rule(
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
 )
 
-def mllm_kernel_library(name, srcs, py_srcs, prebuild = [], py_deps = [], visibility = ["//visibility:public"]):
-    """Declare kernel `name`.
+def mllm_kernel_library(name, visibility = ["//visibility:public"]):
+    """Declare the kernel in this folder, kernels/<name>/ (a BUILD file is this one call).
 
-    Args:
-      name: the op (its folder name).
-      srcs: C++ / CUDA sources and headers (includable; compiled by the JIT runtime or prebuilt).
-      py_srcs: the Python wrapper (and benchmark cases), importable as mllm_kernel.kernels.<op>.
-      prebuild: "python.module:EXPR" entries naming the JitSpecs to build ahead of time.
-      py_deps: extra Python deps of the wrapper (e.g. torch).
+    Everything follows from the folder's layout: its C++/CUDA sources and headers (includable;
+    compiled by the JIT runtime or prebuilt), its Python package mllm_kernel.kernels.<name>
+    (every .py file), and the prebuilt modules of that package's SPECS attribute.
     Targets: :sources, :<name> (py_library), :prebuilt (module tree + manifest).
     """
-    native.filegroup(name = "sources", srcs = srcs, visibility = visibility)
+    native.filegroup(
+        name = "sources",
+        srcs = native.glob(["*.cpp", "*.h", "*.hpp", "*.cuh"]),
+        visibility = visibility,
+    )
     py_library(
         name = name,
-        srcs = py_srcs,
+        srcs = native.glob(["*.py"]),
         data = [":sources"],
-        deps = ["//mllm_kernel"] + py_deps,
+        deps = ["//mllm_kernel", requirement("torch")],
         visibility = visibility,
     )
     py_binary(
         name = "aot",
         srcs = ["//mllm_kernel:aot_main.py"],
         main = "//mllm_kernel:aot_main.py",
-        deps = [":" + name, "//mllm_kernel"] + py_deps,
+        deps = [":" + name, "//mllm_kernel", requirement("torch")],
         visibility = ["//visibility:private"],
     )
     prebuilt_modules(
         name = "prebuilt",
-        specs = prebuild,
+        package = "mllm_kernel.kernels." + name,
         aot_tool = ":aot",
         visibility = visibility,
     )

@@ -10,7 +10,7 @@
 #ifndef MLLM_KERNEL_ROW_BLOCK_CUH_
 #define MLLM_KERNEL_ROW_BLOCK_CUH_
 
-#include <mllm_kernel/utils.cuh>
+#include <mllm_kernel/cuda/reduce.cuh>
 #include <mllm_kernel/utils.hpp>
 
 #include <algorithm>

@@ -13,10 +13,9 @@
 #ifndef MLLM_KERNEL_KERNELS_ACTIVATION_CUH_
 #define MLLM_KERNEL_KERNELS_ACTIVATION_CUH_
 
-#include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
-#include <mllm_kernel/utils.hpp>
-#include <tvm/ffi/container/tensor.h>
+
+#include "activation.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -26,10 +25,7 @@ namespace mllm_kernel::gpu {
 
 namespace activation_detail {
 
-using device::bf16_t;
-using device::fp16_t;
-
-enum Act : int { kSilu = 0, kGelu = 1, kGeluTanh = 2 };
+using namespace mllm_kernel::activation;  // NOLINT(*): Act, kSilu, kGelu, kGeluTanh
 
 // ------------------------------------------------------------------------------ 16-bit data
 // Results round to fp16/bf16 (relative step 2^-11 / 2^-8), so float math may err by ~1e-5.
@@ -217,55 +213,31 @@ void Launch(T* out, const T* x, int64_t rows, int64_t d, int64_t out_stride, int
 }
 
 template <int kAct>
-void ActAndMul(const char* op, tvm::ffi::TensorView out, tvm::ffi::TensorView x) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize rows{"num_tokens"}, d{"d"}, out_stride{"out_row_stride"}, x_stride{"x_row_stride"};
-  SymbolicDType dtype{"dtype"};
-  SymbolicDevice device{"device"};
-  TensorMatcher({rows, d})
-      .for_op(op)
-      .with_dtype<float, fp16_t, bf16_t>(dtype)
-      .with_device<kDLCUDA>(device)
-      .with_strides({out_stride, 1})
-      .verify(out, "out");
-  SymbolicSize two_d{"2*d"};
-  two_d.set_value(2 * d.unwrap());
-  TensorMatcher({rows, two_d})
-      .for_op(op)
-      .with_dtype(dtype)
-      .with_device(device)
-      .with_strides({x_stride, 1})
-      .verify(x, "x");
-  const int64_t n = rows.unwrap(), half = d.unwrap();
-  if (n == 0 || half == 0) return;  // a zero-block grid is a launch error
-  const int64_t os = out_stride.unwrap(), xs = x_stride.unwrap();
-  ValueCheck(n == 1 || os >= half, op, ": argument 'out': row stride ", os,
-             " is smaller than d=", half, ": output rows would overlap");
-  const DLDevice dev = device.unwrap();
-  if (dtype.is<float>()) {
-    Launch<float, kAct>(data_ptr<float>(out), data_ptr<const float>(x), n, half, os, xs, dev);
-  } else if (dtype.is<fp16_t>()) {
-    Launch<fp16_t, kAct>(data_ptr<fp16_t>(out), data_ptr<const fp16_t>(x), n, half, os, xs, dev);
-  } else {
-    Launch<bf16_t, kAct>(data_ptr<bf16_t>(out), data_ptr<const bf16_t>(x), n, half, os, xs, dev);
-  }
+void Run(const char* op, tvm::ffi::TensorView out, tvm::ffi::TensorView x) {
+  using host::data_ptr;
+  const auto a = mllm_kernel::activation::VerifyActAndMul<kDLCUDA>(op, out, x);
+  if (a.empty()) return;  // a zero-block grid is a launch error
+  host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
+    Launch<T, kAct>(data_ptr<T>(out), data_ptr<const T>(x), a.rows, a.d, a.out_stride, a.x_stride,
+                    a.device);
+  });
 }
 
 }  // namespace activation_detail
 
-/*! \brief out = silu(x[:, :d]) * x[:, d:]; out [rows, d], x [rows, 2d], same CUDA device. */
+/*! \brief out = silu(x[:, :d]) * x[:, d:]; out [rows, d], x [rows, 2d] (activation.hpp). */
 inline void silu_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView x) {
-  activation_detail::ActAndMul<activation_detail::kSilu>("silu_and_mul", out, x);
+  activation_detail::Run<activation::kSilu>("silu_and_mul", out, x);
 }
 
 /*! \brief out = gelu(x[:, :d]) * x[:, d:] with the exact (erf) gelu. */
 inline void gelu_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView x) {
-  activation_detail::ActAndMul<activation_detail::kGelu>("gelu_and_mul", out, x);
+  activation_detail::Run<activation::kGelu>("gelu_and_mul", out, x);
 }
 
 /*! \brief out = gelu(x[:, :d]) * x[:, d:] with the tanh approximation of gelu. */
 inline void gelu_tanh_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView x) {
-  activation_detail::ActAndMul<activation_detail::kGeluTanh>("gelu_and_mul", out, x);
+  activation_detail::Run<activation::kGeluTanh>("gelu_and_mul", out, x);
 }
 
 }  // namespace mllm_kernel::gpu

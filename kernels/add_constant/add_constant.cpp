@@ -6,21 +6,18 @@
  * exports e.g. TVM_FFI_DLL_EXPORT_TYPED_FUNC(add_constant, mllm_kernel::cpu::add_constant<16>).
  * The module must also link Highway's hwy/targets.cc and hwy/abort.cc.
  */
-#include <mllm_kernel/tensor.hpp>
-#include <mllm_kernel/utils.hpp>
-#include <tvm/ffi/container/tensor.h>
+#include "add_constant.hpp"
 
 #include <cstddef>
-#include <cstdint>
 
-// Compile add_constant_simd.hpp once per SIMD target; found through the -I of this directory.
+// Compile add_constant-inl.h once per SIMD target; found through the -I of this directory.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "add_constant_simd.hpp"
+#define HWY_TARGET_INCLUDE "add_constant-inl.h"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
 // ... and once more for the static (baseline) target.
-#include "add_constant_simd.hpp"
+#include "add_constant-inl.h"
 
 #if HWY_ONCE
 namespace mllm_kernel::cpu {
@@ -28,28 +25,12 @@ namespace mllm_kernel::cpu {
 // Dispatch table of the per-target AddConstantRuntime (internal linkage).
 HWY_EXPORT(AddConstantRuntime);
 
-namespace detail {
-// dst and src: 1-D, contiguous, float32, CPU, same length. Returns that length.
-inline int64_t VerifyAddConstantArgs(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize n{"num_elements"};
-  TensorMatcher({n})
-      .for_op("add_constant")
-      .with_dtype<float>()
-      .with_device<kDLCPU>()
-      .verify(dst, "dst")
-      .verify(src, "src");
-  return n.unwrap();
-}
-
-}  // namespace detail
-
 /*! \brief dst = src + C for float32 1-D contiguous CPU tensors; C in {1, 2, 4, 8, 16}. */
 template <int C>
 void add_constant(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
   static_assert(C == 1 || C == 2 || C == 4 || C == 8 || C == 16,
                 "add_constant<C>: C must be one of 1, 2, 4, 8, 16");
-  const int64_t n = detail::VerifyAddConstantArgs(dst, src);
+  const int64_t n = mllm_kernel::add_constant::VerifyAddConstant<kDLCPU>(dst, src).n;
   if (n == 0) return;
   // A function-local table per C: the per-target AddConstant<C> instantiations.
   HWY_EXPORT_T(AddConstantTable, AddConstant<C>);
@@ -59,7 +40,7 @@ void add_constant(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
 
 /*! \brief dst = src + c (c rounded to float32) for float32 1-D contiguous CPU tensors. */
 inline void add_constant_runtime(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, double c) {
-  const int64_t n = detail::VerifyAddConstantArgs(dst, src);
+  const int64_t n = mllm_kernel::add_constant::VerifyAddConstant<kDLCPU>(dst, src).n;
   if (n == 0) return;
   HWY_DYNAMIC_DISPATCH(AddConstantRuntime)
   (host::data_ptr<float>(dst), host::data_ptr<const float>(src), static_cast<size_t>(n),

@@ -8,10 +8,9 @@
 #ifndef MLLM_KERNEL_KERNELS_ADD_CONSTANT_CUH_
 #define MLLM_KERNEL_KERNELS_ADD_CONSTANT_CUH_
 
-#include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
-#include <mllm_kernel/utils.hpp>
-#include <tvm/ffi/container/tensor.h>
+
+#include "add_constant.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -55,19 +54,12 @@ __global__ void AddConstantKernel(int32_t* dst, const int32_t* src, int64_t n) {
 
 }  // namespace detail
 
-/*! \brief dst = src + C for int32 1-D contiguous CUDA tensors on the same device. */
+/*! \brief dst = src + C for int32 1-D contiguous CUDA tensors (contract: add_constant.hpp). */
 template <int C>
 void add_constant(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
   using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize n{"num_elements"};
-  SymbolicDevice device{"device"};
-  TensorMatcher({n})
-      .for_op("add_constant")
-      .with_dtype<int32_t>()
-      .with_device<kDLCUDA>(device)
-      .verify(dst, "dst")
-      .verify(src, "src");
-  const int64_t num = n.unwrap();
+  const auto args = mllm_kernel::add_constant::VerifyAddConstant<kDLCUDA>(dst, src);
+  const int64_t num = args.n;
   if (num == 0) return;  // a zero-block grid is a launch error
 
   int32_t* out = host::data_ptr<int32_t>(dst);
@@ -80,7 +72,7 @@ void add_constant(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
   const auto blocks = static_cast<unsigned>(std::min(div_ceil(work, kThreads), kMaxBlocks));
   const auto kernel = vectorized ? detail::AddConstantKernel<C, true>
                                  : detail::AddConstantKernel<C, false>;
-  LaunchKernel(dim3(blocks), dim3(kThreads), device.unwrap())
+  LaunchKernel(dim3(blocks), dim3(kThreads), args.device)
       .enable_pdl(true)(kernel, out, in, num);
 }
 

@@ -12,6 +12,7 @@
 #ifndef MLLM_KERNEL_KERNELS_EMBEDDING_CUH_
 #define MLLM_KERNEL_KERNELS_EMBEDDING_CUH_
 
+#include <mllm_kernel/row_copy.cuh>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
 #include <mllm_kernel/utils.hpp>
@@ -24,16 +25,14 @@ namespace mllm_kernel::gpu {
 
 namespace embedding_detail {
 
-// Block (G, R): R rows at a time, G threads copying each row in units of U (the widest of
-// 16/8/4/2 bytes that every pointer, stride and row size allows). Sizes/strides in units of U.
+// Copies rows in units U (mllm_kernel/row_copy.cuh). Sizes/strides in units of U.
 template <typename U, typename IdT>
 __global__ void EmbeddingKernel(U* __restrict__ out, const U* __restrict__ table,
                                 const IdT* __restrict__ ids, int64_t n, int64_t vocab,
                                 int64_t row_units, int64_t table_stride, int64_t* error) {
   device::pdl_wait_primary();  // ids may come from the previous kernel
-  const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < n;
-       r += row_step) {
+  const int64_t row_step = device::copy_row_step();
+  for (int64_t r = device::first_copy_row(); r < n; r += row_step) {
     const auto id = static_cast<int64_t>(ids[r]);
     U* dst = out + r * row_units;
     if (id < 0 || id >= vocab) {
@@ -48,42 +47,18 @@ __global__ void EmbeddingKernel(U* __restrict__ out, const U* __restrict__ table
   device::pdl_launch_dependents();
 }
 
-template <typename U, typename IdT>
-void LaunchEmbedding(DLDevice device, void* out, const void* table, const IdT* ids, int64_t n,
-                     int64_t vocab, int64_t row_bytes, int64_t table_stride_bytes, int64_t* error) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  constexpr int64_t kU = sizeof(U);
-  const int64_t row_units = row_bytes / kU;
-  constexpr int64_t kThreads = 256;
-  constexpr int64_t kMaxBlocks = 1 << 20;  // grid-stride loop covers more rows
-  // Threads per row: the row's unit count rounded up to a power of 2, at most the block.
-  int64_t group = 1;
-  while (group < row_units && group < kThreads) group *= 2;
-  const int64_t rows_per_block = kThreads / group;
-  const auto blocks = static_cast<unsigned>(std::min(div_ceil(n, rows_per_block), kMaxBlocks));
-  LaunchKernel(dim3(blocks), dim3(static_cast<unsigned>(group), static_cast<unsigned>(rows_per_block)),
-               device)
-      .enable_pdl(true)(EmbeddingKernel<U, IdT>, static_cast<U*>(out), static_cast<const U*>(table),
-                        ids, n, vocab, row_units, table_stride_bytes / kU, error);
-}
-
 template <typename IdT>
 void DispatchUnit(DLDevice device, void* out, const void* table, const IdT* ids, int64_t n,
                   int64_t vocab, int64_t row_bytes, int64_t table_stride_bytes, int64_t* error) {
-  // The widest copy unit that divides both addresses, the table stride and the row size.
-  const auto bits = reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(table) |
-                    static_cast<uintptr_t>(row_bytes) | static_cast<uintptr_t>(table_stride_bytes);
-  if (bits % 16 == 0) {
-    LaunchEmbedding<device::AlignedVector<uint32_t, 4>>(device, out, table, ids, n, vocab,
-                                                        row_bytes, table_stride_bytes, error);
-  } else if (bits % 8 == 0) {
-    LaunchEmbedding<device::AlignedVector<uint32_t, 2>>(device, out, table, ids, n, vocab,
-                                                        row_bytes, table_stride_bytes, error);
-  } else if (bits % 4 == 0) {
-    LaunchEmbedding<uint32_t>(device, out, table, ids, n, vocab, row_bytes, table_stride_bytes, error);
-  } else {
-    LaunchEmbedding<uint16_t>(device, out, table, ids, n, vocab, row_bytes, table_stride_bytes, error);
-  }
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  const uintptr_t alignment = copy_alignment(out, table, row_bytes, table_stride_bytes);
+  dispatch_copy_unit(alignment, [&]<typename U>() {
+    constexpr int64_t kU = sizeof(U);
+    const RowCopyPlan plan = plan_row_copy(n, row_bytes / kU);
+    LaunchKernel(plan.grid, plan.block, device)
+        .enable_pdl(true)(EmbeddingKernel<U, IdT>, static_cast<U*>(out), static_cast<const U*>(table),
+                          ids, n, vocab, row_bytes / kU, table_stride_bytes / kU, error);
+  });
 }
 
 }  // namespace embedding_detail

@@ -12,6 +12,7 @@
 #ifndef MLLM_KERNEL_KERNELS_KV_CACHE_CUH_
 #define MLLM_KERNEL_KERNELS_KV_CACHE_CUH_
 
+#include <mllm_kernel/row_copy.cuh>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
 #include <mllm_kernel/utils.hpp>
@@ -24,8 +25,7 @@ namespace mllm_kernel::gpu {
 
 namespace kv_cache_detail {
 
-// Block (G, R): R tokens at a time, G threads copying each token's row in units of U (the
-// widest of 16/8/4/2 bytes that every pointer, stride and row size allows). Strides and row
+// Copies each token's k and v rows in units U (mllm_kernel/row_copy.cuh). Strides and row
 // sizes are in units of U. Grid-stride over tokens; 64-bit index math throughout.
 template <typename U>
 __global__ void StoreKVCacheKernel(const U* __restrict__ k, const U* __restrict__ v,
@@ -34,9 +34,8 @@ __global__ void StoreKVCacheKernel(const U* __restrict__ k, const U* __restrict_
                                    int64_t row_units, int64_t k_stride, int64_t v_stride,
                                    int64_t num_slots, int64_t* error) {
   device::pdl_wait_primary();  // k, v, slot_mapping may come from the previous kernel
-  const int64_t token_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; t < num_tokens;
-       t += token_step) {
+  const int64_t token_step = device::copy_row_step();
+  for (int64_t t = device::first_copy_row(); t < num_tokens; t += token_step) {
     const int64_t slot = slots[t];
     if (slot == -1) continue;  // padding token
     if (slot < -1 || slot >= num_slots) {
@@ -55,27 +54,24 @@ __global__ void StoreKVCacheKernel(const U* __restrict__ k, const U* __restrict_
   device::pdl_launch_dependents();
 }
 
-template <typename U>
-void LaunchStoreKVCache(DLDevice device, const void* k, const void* v, void* k_cache, void* v_cache,
-                        const int64_t* slots, int64_t num_tokens, int64_t row_bytes,
-                        int64_t k_stride_bytes, int64_t v_stride_bytes, int64_t num_slots,
-                        int64_t* error) {
+// Launches StoreKVCacheKernel in the widest copy unit that divides every address, stride and
+// the row size (sizes and strides in bytes).
+inline void LaunchStoreKVCache(DLDevice device, const void* k, const void* v, void* k_cache,
+                               void* v_cache, const int64_t* slots, int64_t num_tokens,
+                               int64_t row_bytes, int64_t k_stride_bytes, int64_t v_stride_bytes,
+                               int64_t num_slots, int64_t* error) {
   using namespace mllm_kernel::host;  // NOLINT(*)
-  constexpr int64_t kU = sizeof(U);
-  const int64_t row_units = row_bytes / kU;
-  constexpr int64_t kThreads = 256;
-  constexpr int64_t kMaxBlocks = 1 << 20;  // grid-stride loop covers more tokens
-  // Threads per token: the row's unit count rounded up to a power of 2, at most the block.
-  int64_t group = 1;
-  while (group < row_units && group < kThreads) group *= 2;
-  const int64_t rows_per_block = kThreads / group;
-  const auto blocks =
-      static_cast<unsigned>(std::min(div_ceil(num_tokens, rows_per_block), kMaxBlocks));
-  LaunchKernel(dim3(blocks), dim3(static_cast<unsigned>(group), static_cast<unsigned>(rows_per_block)),
-               device)
-      .enable_pdl(true)(StoreKVCacheKernel<U>, static_cast<const U*>(k), static_cast<const U*>(v),
-                        static_cast<U*>(k_cache), static_cast<U*>(v_cache), slots, num_tokens,
-                        row_units, k_stride_bytes / kU, v_stride_bytes / kU, num_slots, error);
+  const uintptr_t alignment =
+      copy_alignment(k, v, k_cache, v_cache, row_bytes, k_stride_bytes, v_stride_bytes);
+  dispatch_copy_unit(alignment, [&]<typename U>() {
+    constexpr int64_t kU = sizeof(U);
+    const RowCopyPlan plan = plan_row_copy(num_tokens, row_bytes / kU);
+    LaunchKernel(plan.grid, plan.block, device)
+        .enable_pdl(true)(StoreKVCacheKernel<U>, static_cast<const U*>(k), static_cast<const U*>(v),
+                          static_cast<U*>(k_cache), static_cast<U*>(v_cache), slots, num_tokens,
+                          row_bytes / kU, k_stride_bytes / kU, v_stride_bytes / kU, num_slots,
+                          error);
+  });
 }
 
 }  // namespace kv_cache_detail
@@ -126,25 +122,9 @@ inline void store_kv_cache(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::
   void* kcp = data_ptr<char>(k_cache);
   void* vcp = data_ptr<char>(v_cache);
   const int64_t ks = KS.unwrap() * elem, vs = VS.unwrap() * elem;
-  // The widest copy unit that divides every address, stride and the row size.
-  const auto bits = reinterpret_cast<uintptr_t>(kp) | reinterpret_cast<uintptr_t>(vp) |
-                    reinterpret_cast<uintptr_t>(kcp) | reinterpret_cast<uintptr_t>(vcp) |
-                    static_cast<uintptr_t>(row_bytes) | static_cast<uintptr_t>(ks) |
-                    static_cast<uintptr_t>(vs);
-  const auto run = [&](auto unit) {
-    kv_cache_detail::LaunchStoreKVCache<decltype(unit)>(
-        device.unwrap(), kp, vp, kcp, vcp, data_ptr<const int64_t>(slot_mapping), num_tokens,
-        row_bytes, ks, vs, NB.unwrap() * BS.unwrap(), data_ptr<int64_t>(error));
-  };
-  if (bits % 16 == 0) {
-    run(device::AlignedVector<uint32_t, 4>{});
-  } else if (bits % 8 == 0) {
-    run(device::AlignedVector<uint32_t, 2>{});
-  } else if (bits % 4 == 0) {
-    run(uint32_t{});
-  } else {
-    run(uint16_t{});
-  }
+  kv_cache_detail::LaunchStoreKVCache(device.unwrap(), kp, vp, kcp, vcp,
+                                      data_ptr<const int64_t>(slot_mapping), num_tokens, row_bytes,
+                                      ks, vs, NB.unwrap() * BS.unwrap(), data_ptr<int64_t>(error));
 }
 
 }  // namespace mllm_kernel::gpu

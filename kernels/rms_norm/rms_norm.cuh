@@ -16,10 +16,9 @@
 #define MLLM_KERNEL_KERNELS_RMS_NORM_CUH_
 
 #include <mllm_kernel/row_block.cuh>
-#include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
-#include <mllm_kernel/utils.hpp>
-#include <tvm/ffi/container/tensor.h>
+
+#include "rms_norm.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -197,97 +196,30 @@ void LaunchFusedAddRmsNorm(T* x, T* residual, const T* w, int64_t rows, int64_t 
 
 }  // namespace rms_norm_detail
 
-/*!
- * \brief out = x / sqrt(mean(x^2) + eps) * weight per row, math in float32.
- * \param out [rows, hidden], unit stride along hidden.
- * \param x [rows, hidden], unit stride along hidden.
- * \param weight [hidden], contiguous; all on one CUDA device, one dtype.
- */
+/*! \brief out = x / sqrt(mean(x^2) + eps) * weight per row (contract: rms_norm.hpp). */
 inline void rms_norm(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::TensorView weight,
                      double eps) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize rows{"num_tokens"}, hidden{"hidden"}, out_stride{"out_row_stride"},
-      x_stride{"x_row_stride"};
-  SymbolicDType dtype{"dtype"};
-  SymbolicDevice device{"device"};
-  TensorMatcher({rows, hidden})
-      .for_op("rms_norm")
-      .with_dtype<float, fp16_t, bf16_t>(dtype)
-      .with_device<kDLCUDA>(device)
-      .with_strides({x_stride, 1})
-      .verify(x, "x");
-  TensorMatcher({rows, hidden})
-      .for_op("rms_norm")
-      .with_dtype(dtype)
-      .with_device(device)
-      .with_strides({out_stride, 1})
-      .verify(out, "out");
-  TensorMatcher({hidden}).for_op("rms_norm").with_dtype(dtype).with_device(device).verify(
-      weight, "weight");
-  const int64_t n = rows.unwrap(), d = hidden.unwrap();
-  if (n == 0 || d == 0) return;  // a zero-block grid is a launch error
-  const int64_t os = out_stride.unwrap(), xs = x_stride.unwrap();
-  ValueCheck(n == 1 || os >= d, "rms_norm: argument 'out': row stride ", os,
-             " is smaller than hidden=", d, ": output rows would overlap");
-  const auto e = static_cast<float>(eps);
-  const DLDevice dev = device.unwrap();
-  if (dtype.is<float>()) {
-    rms_norm_detail::LaunchRmsNorm(data_ptr<float>(out), data_ptr<const float>(x),
-                                   data_ptr<const float>(weight), n, d, os, xs, e, dev);
-  } else if (dtype.is<fp16_t>()) {
-    rms_norm_detail::LaunchRmsNorm(data_ptr<fp16_t>(out), data_ptr<const fp16_t>(x),
-                                   data_ptr<const fp16_t>(weight), n, d, os, xs, e, dev);
-  } else {
-    rms_norm_detail::LaunchRmsNorm(data_ptr<bf16_t>(out), data_ptr<const bf16_t>(x),
-                                   data_ptr<const bf16_t>(weight), n, d, os, xs, e, dev);
-  }
+  using host::data_ptr;
+  const auto a = mllm_kernel::rms_norm::VerifyRmsNorm<kDLCUDA>(out, x, weight);
+  if (a.empty()) return;  // a zero-block grid is a launch error
+  host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
+    rms_norm_detail::LaunchRmsNorm(data_ptr<T>(out), data_ptr<const T>(x), data_ptr<const T>(weight),
+                                   a.rows, a.hidden, a.a_stride, a.b_stride, static_cast<float>(eps),
+                                   a.device);
+  });
 }
 
-/*!
- * \brief In place: residual = round(x + residual); x = rms_norm(residual) * weight.
- * The new residual is rounded to the dtype before its norm is computed (as if re-read).
- */
+/*! \brief In place: residual = round(x + residual); x = rms_norm(residual) * weight. */
 inline void fused_add_rms_norm(tvm::ffi::TensorView x, tvm::ffi::TensorView residual,
                                tvm::ffi::TensorView weight, double eps) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize rows{"num_tokens"}, hidden{"hidden"}, x_stride{"x_row_stride"},
-      r_stride{"residual_row_stride"};
-  SymbolicDType dtype{"dtype"};
-  SymbolicDevice device{"device"};
-  TensorMatcher({rows, hidden})
-      .for_op("fused_add_rms_norm")
-      .with_dtype<float, fp16_t, bf16_t>(dtype)
-      .with_device<kDLCUDA>(device)
-      .with_strides({x_stride, 1})
-      .verify(x, "x");
-  TensorMatcher({rows, hidden})
-      .for_op("fused_add_rms_norm")
-      .with_dtype(dtype)
-      .with_device(device)
-      .with_strides({r_stride, 1})
-      .verify(residual, "residual");
-  TensorMatcher({hidden})
-      .for_op("fused_add_rms_norm")
-      .with_dtype(dtype)
-      .with_device(device)
-      .verify(weight, "weight");
-  const int64_t n = rows.unwrap(), d = hidden.unwrap();
-  if (n == 0 || d == 0) return;
-  const int64_t xs = x_stride.unwrap(), rs = r_stride.unwrap();
-  ValueCheck(n == 1 || (xs >= d && rs >= d), "fused_add_rms_norm: row strides (x ", xs,
-             ", residual ", rs, ") must be >= hidden=", d, ": rows written would overlap");
-  const auto e = static_cast<float>(eps);
-  const DLDevice dev = device.unwrap();
-  if (dtype.is<float>()) {
-    rms_norm_detail::LaunchFusedAddRmsNorm(data_ptr<float>(x), data_ptr<float>(residual),
-                                           data_ptr<const float>(weight), n, d, xs, rs, e, dev);
-  } else if (dtype.is<fp16_t>()) {
-    rms_norm_detail::LaunchFusedAddRmsNorm(data_ptr<fp16_t>(x), data_ptr<fp16_t>(residual),
-                                           data_ptr<const fp16_t>(weight), n, d, xs, rs, e, dev);
-  } else {
-    rms_norm_detail::LaunchFusedAddRmsNorm(data_ptr<bf16_t>(x), data_ptr<bf16_t>(residual),
-                                           data_ptr<const bf16_t>(weight), n, d, xs, rs, e, dev);
-  }
+  using host::data_ptr;
+  const auto a = mllm_kernel::rms_norm::VerifyFusedAddRmsNorm<kDLCUDA>(x, residual, weight);
+  if (a.empty()) return;
+  host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
+    rms_norm_detail::LaunchFusedAddRmsNorm(data_ptr<T>(x), data_ptr<T>(residual),
+                                           data_ptr<const T>(weight), a.rows, a.hidden, a.a_stride,
+                                           a.b_stride, static_cast<float>(eps), a.device);
+  });
 }
 
 }  // namespace mllm_kernel::gpu

@@ -13,10 +13,9 @@
 #ifndef MLLM_KERNEL_KERNELS_ROPE_CUH_
 #define MLLM_KERNEL_KERNELS_ROPE_CUH_
 
-#include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
-#include <mllm_kernel/utils.hpp>
-#include <tvm/ffi/container/tensor.h>
+
+#include "rope.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -137,56 +136,20 @@ void LaunchRope(DLDevice device, T* q, T* k, const int64_t* positions, const flo
 }  // namespace rope_detail
 
 /*!
- * \brief Rotate the first rot_dim dims of each head of q [T, H, D] and k [T, KH, D] in place.
- *
- * positions: int64 [T]; cos_sin_cache: float32 [max_pos, rot_dim] (cos | sin); q/k:
- * float32/float16/bfloat16 (same dtype), any token stride, heads and dims contiguous; error:
- * int64 [3] on the same device (see the file comment). Asynchronous: no host sync.
+ * \brief Rotate the first rot_dim dims of each head of q [T, H, D] and k [T, KH, D] in place
+ * (arguments: rope.hpp; error: see the file comment). Asynchronous: no host sync.
  */
 inline void apply_rope(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView positions,
                        tvm::ffi::TensorView cos_sin_cache, bool is_neox, tvm::ffi::TensorView error) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize T{"num_tokens"}, H{"num_heads"}, KH{"num_kv_heads"}, D{"head_dim"};
-  SymbolicSize QS{"q_token_stride"}, KS{"k_token_stride"}, P{"max_pos"}, R{"rot_dim"};
-  SymbolicDType dtype;
-  SymbolicDevice device{"device"};
-  TensorMatcher({T, H, D})
-      .for_op("apply_rope")
-      .with_dtype<float, fp16_t, bf16_t>(dtype)
-      .with_device<kDLCUDA>(device)
-      .with_strides({QS, D, 1})
-      .verify(q, "q");
-  TensorMatcher({T, KH, D})
-      .for_op("apply_rope")
-      .with_dtype(dtype)
-      .with_device(device)
-      .with_strides({KS, D, 1})
-      .verify(k, "k");
-  TensorMatcher({T}).for_op("apply_rope").with_dtype<int64_t>().with_device(device).verify(
-      positions, "positions");
-  TensorMatcher({P, R}).for_op("apply_rope").with_dtype<float>().with_device(device).verify(
-      cos_sin_cache, "cos_sin_cache");
-  TensorMatcher({3}).for_op("apply_rope").with_dtype<int64_t>().with_device(device).verify(
-      error, "error");
-  const int64_t num_tokens = T.unwrap(), head_dim = D.unwrap(), rot_dim = R.unwrap();
-  ValueCheck(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_dim,
-             "apply_rope: cos_sin_cache rot_dim (dim 1) must be even and in [2, head_dim=",
-             head_dim, "], got ", rot_dim);
-  if (num_tokens == 0 || H.unwrap() + KH.unwrap() == 0) return;  // a zero-block grid is an error
-  const auto* pos = data_ptr<const int64_t>(positions);
-  const auto* cache = data_ptr<const float>(cos_sin_cache);
-  auto* err = data_ptr<int64_t>(error);
-  const auto run = [&](auto* qp, auto* kp) {
-    rope_detail::LaunchRope(device.unwrap(), qp, kp, pos, cache, num_tokens, H.unwrap(), KH.unwrap(),
-                            head_dim, rot_dim, QS.unwrap(), KS.unwrap(), P.unwrap(), err, is_neox);
-  };
-  if (dtype.is<float>()) {
-    run(data_ptr<float>(q), data_ptr<float>(k));
-  } else if (dtype.is<fp16_t>()) {
-    run(data_ptr<fp16_t>(q), data_ptr<fp16_t>(k));
-  } else {
-    run(data_ptr<bf16_t>(q), data_ptr<bf16_t>(k));
-  }
+  using host::data_ptr;
+  const auto a = mllm_kernel::rope::VerifyApplyRope<kDLCUDA>(q, k, positions, cos_sin_cache, error);
+  if (a.empty()) return;  // a zero-block grid is an error
+  host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
+    rope_detail::LaunchRope(a.device, data_ptr<T>(q), data_ptr<T>(k),
+                            data_ptr<const int64_t>(positions), data_ptr<const float>(cos_sin_cache),
+                            a.num_tokens, a.num_heads, a.num_kv_heads, a.head_dim, a.rot_dim,
+                            a.q_stride, a.k_stride, a.max_pos, data_ptr<int64_t>(error), is_neox);
+  });
 }
 
 }  // namespace mllm_kernel::gpu

@@ -18,13 +18,13 @@
  *    i, in index order, whose running sum of w exceeds u * Z.
  *
  * Includable: the JIT runtime compiles a wrapper TU that #includes this file and exports
- * mllm_kernel::cpu::{greedy_sample, top_k_top_p_sample, min_p_sample}.
+ * mllm_kernel::cpu::{greedy_sample, top_k_top_p_sample, min_p_sample} (arguments:
+ * sampling.hpp). The CPU also checks the per-row parameter values (CUDA clamps them: no host
+ * read of device data).
  */
-#include <mllm_kernel/tensor.hpp>
-#include <mllm_kernel/utils.hpp>
-#include <tvm/ffi/container/tensor.h>
-
 #include <hwy/base.h>  // hwy::float16_t / bfloat16_t and their float conversions
+
+#include "sampling.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -40,57 +40,6 @@ namespace sampling_detail {
 inline float ToFloat(float v) { return v; }
 inline float ToFloat(hwy::float16_t v) { return hwy::F32FromF16(v); }
 inline float ToFloat(hwy::bfloat16_t v) { return hwy::F32FromBF16(v); }
-
-struct Rows {
-  int64_t batch;
-  int64_t vocab;
-  int64_t stride;  // elements between rows
-  DLDataType dtype;
-};
-
-// x: [batch, vocab] float32/float16/bfloat16 on CPU, unit last stride, any row stride.
-inline Rows VerifyRows(const char* op, const char* name, tvm::ffi::TensorView x,
-                       host::SymbolicSize& batch) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize vocab{"vocab"}, stride{"row_stride"};
-  SymbolicDType dtype{"dtype"};
-  TensorMatcher({batch, vocab})
-      .for_op(op)
-      .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
-      .with_device<kDLCPU>()
-      .with_strides({stride, 1})
-      .verify(x, name);
-  ValueCheck(vocab.unwrap() > 0, op, ": argument '", name, "': the vocab dim must be non-empty");
-  return {batch.unwrap(), vocab.unwrap(), stride.unwrap(), dtype.unwrap()};
-}
-
-// A 1-D [batch] contiguous CPU tensor of T.
-template <typename T>
-inline const T* VerifyPerRow(const char* op, const char* name, tvm::ffi::TensorView t,
-                             host::SymbolicSize& batch) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  TensorMatcher({batch}).for_op(op).with_device<kDLCPU>().with_dtype<T>().verify(t, name);
-  return data_ptr<const T>(t);
-}
-
-inline int64_t* VerifyOut(const char* op, tvm::ffi::TensorView out, host::SymbolicSize& batch) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  TensorMatcher({batch}).for_op(op).with_dtype<int64_t>().with_device<kDLCPU>().verify(out, "out");
-  return data_ptr<int64_t>(out);
-}
-
-// Calls fn(const T* base) with the row data typed by its dtype.
-template <typename Fn>
-inline void WithTyped(const Rows& rows, tvm::ffi::TensorView x, Fn&& fn) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  if (rows.dtype == kDType<float>) {
-    fn(data_ptr<const float>(x));
-  } else if (rows.dtype == kDType<float16_tag>) {
-    fn(data_ptr<const hwy::float16_t>(x));
-  } else {
-    fn(data_ptr<const hwy::bfloat16_t>(x));
-  }
-}
 
 // Inverse CDF over the kept weights (w[i] = 0 for dropped tokens), in index order.
 inline int64_t SampleIndex(const std::vector<double>& w, float u) {
@@ -120,12 +69,13 @@ inline void CheckUniform(const char* op, float u, int64_t row) {
 /*! \brief out[b] = argmax(logits[b]) (first index on ties; a NaN wins, like torch.argmax). */
 inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits) {
   using namespace sampling_detail;  // NOLINT(*)
-  host::SymbolicSize batch{"batch"};
-  const Rows rows = VerifyRows("greedy_sample", "logits", logits, batch);
-  int64_t* dst = VerifyOut("greedy_sample", out, batch);
-  WithTyped(rows, logits, [&](const auto* base) {
+  using host::data_ptr;
+  const auto rows = mllm_kernel::sampling::VerifyGreedySample<kDLCPU>(out, logits);
+  int64_t* dst = data_ptr<int64_t>(out);
+  host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
+    const T* base = data_ptr<const T>(logits);
     for (int64_t b = 0; b < rows.batch; ++b) {
-      const auto* row = base + b * rows.stride;
+      const T* row = base + b * rows.stride;
       int64_t best = 0;
       float best_v = ToFloat(row[0]);
       for (int64_t i = 1; i < rows.vocab && !std::isnan(best_v); ++i) {
@@ -149,13 +99,14 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
                                tvm::ffi::TensorView uniforms, tvm::ffi::TensorView top_k,
                                tvm::ffi::TensorView top_p) {
   using namespace sampling_detail;  // NOLINT(*)
+  using host::data_ptr;
   constexpr const char* kOp = "top_k_top_p_sample";
-  host::SymbolicSize batch{"batch"};
-  const Rows rows = VerifyRows(kOp, "logits", logits, batch);
-  int64_t* dst = VerifyOut(kOp, out, batch);
-  const float* u = VerifyPerRow<float>(kOp, "uniforms", uniforms, batch);
-  const int64_t* ks = VerifyPerRow<int64_t>(kOp, "top_k", top_k, batch);
-  const float* ps = VerifyPerRow<float>(kOp, "top_p", top_p, batch);
+  const auto rows =
+      mllm_kernel::sampling::VerifyTopKTopPSample<kDLCPU>(out, logits, uniforms, top_k, top_p);
+  int64_t* dst = data_ptr<int64_t>(out);
+  const float* u = data_ptr<const float>(uniforms);
+  const int64_t* ks = data_ptr<const int64_t>(top_k);
+  const float* ps = data_ptr<const float>(top_p);
   for (int64_t b = 0; b < rows.batch; ++b) {
     host::ValueCheck(ps[b] > 0.0f && ps[b] <= 1.0f, kOp, ": top_p[", b, "] = ", ps[b],
                      " is outside (0, 1]");
@@ -164,9 +115,10 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
   const int64_t n = rows.vocab;
   std::vector<float> x(n), scratch;
   std::vector<double> w(n);
-  WithTyped(rows, logits, [&](const auto* base) {
+  host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
+    const T* base = data_ptr<const T>(logits);
     for (int64_t b = 0; b < rows.batch; ++b) {
-      const auto* row = base + b * rows.stride;
+      const T* row = base + b * rows.stride;
       for (int64_t i = 0; i < n; ++i) x[i] = ToFloat(row[i]);
       const float row_max = *std::max_element(x.begin(), x.end());
       float threshold = -std::numeric_limits<float>::infinity();
@@ -212,12 +164,12 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
 inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
                          tvm::ffi::TensorView uniforms, tvm::ffi::TensorView min_p) {
   using namespace sampling_detail;  // NOLINT(*)
+  using host::data_ptr;
   constexpr const char* kOp = "min_p_sample";
-  host::SymbolicSize batch{"batch"};
-  const Rows rows = VerifyRows(kOp, "probs", probs, batch);
-  int64_t* dst = VerifyOut(kOp, out, batch);
-  const float* u = VerifyPerRow<float>(kOp, "uniforms", uniforms, batch);
-  const float* mp = VerifyPerRow<float>(kOp, "min_p", min_p, batch);
+  const auto rows = mllm_kernel::sampling::VerifyMinPSample<kDLCPU>(out, probs, uniforms, min_p);
+  int64_t* dst = data_ptr<int64_t>(out);
+  const float* u = data_ptr<const float>(uniforms);
+  const float* mp = data_ptr<const float>(min_p);
   for (int64_t b = 0; b < rows.batch; ++b) {
     host::ValueCheck(mp[b] >= 0.0f && mp[b] <= 1.0f, kOp, ": min_p[", b, "] = ", mp[b],
                      " is outside [0, 1]");
@@ -225,9 +177,10 @@ inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
   }
   const int64_t n = rows.vocab;
   std::vector<double> w(n);
-  WithTyped(rows, probs, [&](const auto* base) {
+  host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
+    const T* base = data_ptr<const T>(probs);
     for (int64_t b = 0; b < rows.batch; ++b) {
-      const auto* row = base + b * rows.stride;
+      const T* row = base + b * rows.stride;
       float max_p = ToFloat(row[0]);
       for (int64_t i = 1; i < n; ++i) max_p = std::max(max_p, ToFloat(row[i]));
       const float threshold = mp[b] * max_p;  // float32, as on CUDA

@@ -18,15 +18,14 @@
  * with a scalar tail; 64-bit index math throughout.
  *
  * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
- * mllm_kernel::gpu::{greedy_sample, top_k_top_p_sample, min_p_sample}.
+ * mllm_kernel::gpu::{greedy_sample, top_k_top_p_sample, min_p_sample} (arguments: sampling.hpp).
  */
 #ifndef MLLM_KERNEL_KERNELS_SAMPLING_CUH_
 #define MLLM_KERNEL_KERNELS_SAMPLING_CUH_
 
-#include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
-#include <mllm_kernel/utils.hpp>
-#include <tvm/ffi/container/tensor.h>
+
+#include "sampling.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -376,92 +375,31 @@ __global__ void MinPKernel(int64_t* __restrict__ out, const T* __restrict__ prob
   device::pdl_launch_dependents();
 }
 
-struct Rows {
-  int64_t batch;
-  int64_t vocab;
-  int64_t stride;
-  DLDataType dtype;
-};
-
-inline Rows VerifyRows(const char* op, const char* name, tvm::ffi::TensorView x,
-                       host::SymbolicSize& batch, host::SymbolicDevice& device) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize vocab{"vocab"}, stride{"row_stride"};
-  SymbolicDType dtype{"dtype"};
-  TensorMatcher({batch, vocab})
-      .for_op(op)
-      .with_dtype<float, fp16_t, bf16_t>(dtype)
-      .with_device<kDLCUDA>(device)
-      .with_strides({stride, 1})
-      .verify(x, name);
-  ValueCheck(vocab.unwrap() > 0, op, ": argument '", name, "': the vocab dim must be non-empty");
-  RuntimeCheck(batch.unwrap() <= 0x7fffffff, op, ": batch ", batch.unwrap(), " is too large");
-  return {batch.unwrap(), vocab.unwrap(), stride.unwrap(), dtype.unwrap()};
-}
-
-template <typename T>
-inline const T* VerifyPerRow(const char* op, const char* name, tvm::ffi::TensorView t,
-                             host::SymbolicSize& batch, host::SymbolicDevice& device) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  TensorMatcher({batch}).for_op(op).with_device<kDLCUDA>(device).with_dtype<T>().verify(t, name);
-  return data_ptr<const T>(t);
-}
-
-inline int64_t* VerifyOut(const char* op, tvm::ffi::TensorView out, host::SymbolicSize& batch,
-                          host::SymbolicDevice& device) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  TensorMatcher({batch})
-      .for_op(op)
-      .with_dtype<int64_t>()
-      .with_device<kDLCUDA>(device)
-      .verify(out, "out");
-  return data_ptr<int64_t>(out);
-}
-
 // Enough threads for the row (a multiple of 32 for the reductions), at most 1024.
 inline int ThreadsFor(int64_t vocab) {
   return static_cast<int>(std::clamp<int64_t>(host::div_ceil(vocab, 32) * 32, 32, 1024));
 }
 
-// Calls launch(kernel_type_tag) with the element type of rows.dtype.
-template <typename Fn>
-inline void WithType(const Rows& rows, Fn&& fn) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  if (rows.dtype == kDType<float>) {
-    fn(float{});
-  } else if (rows.dtype == kDType<fp16_t>) {
-    fn(fp16_t{});
-  } else {
-    fn(bf16_t{});
-  }
-}
-
-// One block per row: kernel_for(T{})<<<batch, ThreadsFor(vocab)>>>(out, rows as const T*,
-// vocab, stride, extra...), T the rows' element type; nothing for an empty batch.
-template <typename KernelFor, typename... Extra>
-inline void LaunchRows(const Rows& rows, DLDevice device, int64_t* out, tvm::ffi::TensorView x,
-                       KernelFor&& kernel_for, Extra... extra) {
-  if (rows.batch == 0) return;
-  WithType(rows, [&](auto tag) {
-    using T = decltype(tag);
-    host::LaunchKernel(dim3(static_cast<unsigned>(rows.batch)), dim3(ThreadsFor(rows.vocab)),
-                       device)
-        .enable_pdl(true)(kernel_for(tag), out, host::data_ptr<const T>(x), rows.vocab,
-                          rows.stride, extra...);
-  });
+// One block per row, ThreadsFor(vocab) threads: kernel(out, rows, vocab, stride, extra...);
+// nothing for an empty batch.
+template <typename Kernel, typename T, typename... Extra>
+inline void LaunchRows(const sampling::SampleArgs& a, Kernel kernel, int64_t* out, const T* rows,
+                       Extra... extra) {
+  if (a.batch == 0) return;
+  host::LaunchKernel(dim3(static_cast<unsigned>(a.batch)), dim3(ThreadsFor(a.vocab)), a.device)
+      .enable_pdl(true)(kernel, out, rows, a.vocab, a.stride, extra...);
 }
 
 }  // namespace sampling_detail
 
 /*! \brief out[b] = argmax(logits[b]) (first index on ties; a NaN wins, like torch.argmax). */
 inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits) {
-  using namespace sampling_detail;  // NOLINT(*)
-  host::SymbolicSize batch{"batch"};
-  host::SymbolicDevice device{"device"};
-  const Rows rows = VerifyRows("greedy_sample", "logits", logits, batch, device);
-  int64_t* dst = VerifyOut("greedy_sample", out, batch, device);
-  LaunchRows(rows, device.unwrap(), dst, logits,
-             [](auto tag) { return GreedyKernel<decltype(tag)>; });
+  using host::data_ptr;
+  const auto a = mllm_kernel::sampling::VerifyGreedySample<kDLCUDA>(out, logits);
+  host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
+    sampling_detail::LaunchRows(a, sampling_detail::GreedyKernel<T>, data_ptr<int64_t>(out),
+                                data_ptr<const T>(logits));
+  });
 }
 
 /*!
@@ -472,19 +410,14 @@ inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits)
 inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits,
                                tvm::ffi::TensorView uniforms, tvm::ffi::TensorView top_k,
                                tvm::ffi::TensorView top_p) {
-  using namespace sampling_detail;  // NOLINT(*)
-  constexpr const char* kOp = "top_k_top_p_sample";
-  host::SymbolicSize batch{"batch"};
-  host::SymbolicDevice device{"device"};
-  const Rows rows = VerifyRows(kOp, "logits", logits, batch, device);
-  int64_t* dst = VerifyOut(kOp, out, batch, device);
-  const float* u = VerifyPerRow<float>(kOp, "uniforms", uniforms, batch, device);
-  const int64_t* ks = VerifyPerRow<int64_t>(kOp, "top_k", top_k, batch, device);
-  const float* ps = VerifyPerRow<float>(kOp, "top_p", top_p, batch, device);
-  host::ValueCheck(rows.vocab <= 0x7fffffff, kOp, ": argument 'logits': vocab ", rows.vocab,
-                   " is over 2^31 - 1 (token counts are 32-bit)");
-  LaunchRows(rows, device.unwrap(), dst, logits,
-             [](auto tag) { return TopKTopPKernel<decltype(tag)>; }, u, ks, ps);
+  using host::data_ptr;
+  const auto a =
+      mllm_kernel::sampling::VerifyTopKTopPSample<kDLCUDA>(out, logits, uniforms, top_k, top_p);
+  host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
+    sampling_detail::LaunchRows(a, sampling_detail::TopKTopPKernel<T>, data_ptr<int64_t>(out),
+                                data_ptr<const T>(logits), data_ptr<const float>(uniforms),
+                                data_ptr<const int64_t>(top_k), data_ptr<const float>(top_p));
+  });
 }
 
 /*!
@@ -493,16 +426,13 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
  */
 inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
                          tvm::ffi::TensorView uniforms, tvm::ffi::TensorView min_p) {
-  using namespace sampling_detail;  // NOLINT(*)
-  constexpr const char* kOp = "min_p_sample";
-  host::SymbolicSize batch{"batch"};
-  host::SymbolicDevice device{"device"};
-  const Rows rows = VerifyRows(kOp, "probs", probs, batch, device);
-  int64_t* dst = VerifyOut(kOp, out, batch, device);
-  const float* u = VerifyPerRow<float>(kOp, "uniforms", uniforms, batch, device);
-  const float* mp = VerifyPerRow<float>(kOp, "min_p", min_p, batch, device);
-  LaunchRows(rows, device.unwrap(), dst, probs,
-             [](auto tag) { return MinPKernel<decltype(tag)>; }, u, mp);
+  using host::data_ptr;
+  const auto a = mllm_kernel::sampling::VerifyMinPSample<kDLCUDA>(out, probs, uniforms, min_p);
+  host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
+    sampling_detail::LaunchRows(a, sampling_detail::MinPKernel<T>, data_ptr<int64_t>(out),
+                                data_ptr<const T>(probs), data_ptr<const float>(uniforms),
+                                data_ptr<const float>(min_p));
+  });
 }
 
 }  // namespace mllm_kernel::gpu

@@ -18,10 +18,9 @@
 #define MLLM_KERNEL_KERNELS_SOFTMAX_CUH_
 
 #include <mllm_kernel/row_block.cuh>
-#include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
-#include <mllm_kernel/utils.hpp>
-#include <tvm/ffi/container/tensor.h>
+
+#include "softmax.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -209,40 +208,18 @@ void Dispatch(DLDevice dev, tvm::ffi::TensorView out, tvm::ffi::TensorView x, in
 
 template <bool kLog>
 void Run(const char* op, tvm::ffi::TensorView out, tvm::ffi::TensorView x, float inv_temp) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize rows{"rows"}, vocab{"vocab"}, x_stride{"x_row_stride"};
-  SymbolicDType dtype{"dtype"};
-  SymbolicDevice device{"device"};
-  TensorMatcher({rows, vocab})
-      .for_op(op)
-      .with_dtype<float, fp16_t, bf16_t>(dtype)
-      .with_device<kDLCUDA>(device)
-      .verify(out, "out");
-  TensorMatcher({rows, vocab})
-      .for_op(op)
-      .with_dtype<float, fp16_t, bf16_t>(dtype)
-      .with_device<kDLCUDA>(device)
-      .with_strides({x_stride, 1})
-      .verify(x, "x");
-  const int64_t n_rows = rows.unwrap(), n = vocab.unwrap(), stride = x_stride.unwrap();
-  if (n_rows == 0 || n == 0) return;  // a zero-block grid is a launch error
-  const DLDevice dev = device.unwrap();
-  if (dtype.is<float>()) {
-    Dispatch<float, kLog>(dev, out, x, n_rows, n, stride, inv_temp);
-  } else if (dtype.is<fp16_t>()) {
-    Dispatch<fp16_t, kLog>(dev, out, x, n_rows, n, stride, inv_temp);
-  } else {
-    Dispatch<bf16_t, kLog>(dev, out, x, n_rows, n, stride, inv_temp);
-  }
+  const auto a = mllm_kernel::softmax::VerifySoftmax<kDLCUDA>(op, out, x);
+  if (a.empty()) return;  // a zero-block grid is a launch error
+  host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
+    Dispatch<T, kLog>(a.device, out, x, a.rows, a.vocab, a.x_stride, inv_temp);
+  });
 }
 
 }  // namespace softmax_detail
 
 /*! \brief out = softmax(x / temperature) over the last dim; temperature > 0. */
 inline void softmax(tvm::ffi::TensorView out, tvm::ffi::TensorView x, double temperature) {
-  host::ValueCheck(temperature > 0.0 && std::isfinite(temperature),
-                   "softmax: temperature must be a positive finite number, got ", temperature);
-  softmax_detail::Run<false>("softmax", out, x, static_cast<float>(1.0 / temperature));
+  softmax_detail::Run<false>("softmax", out, x, mllm_kernel::softmax::InvTemperature(temperature));
 }
 
 /*! \brief out = log_softmax(x) over the last dim. */

@@ -1,9 +1,11 @@
-"""Ahead-of-time builds: `python -m mllm_kernel.jit_utils.aot --out DIR MODULE:EXPR ...`.
+"""Ahead-of-time builds:
+`python -m mllm_kernel.jit_utils.aot --out DIR [--archs ...] [--devices ...] --module M [--module M2 ...] [--attr SPECS]`.
 
-Bazel runs this for each kernel's `prebuild` list. Each EXPR is evaluated in the namespace of the
-Python MODULE and yields a JitSpec, or a list / dict of them; every spec is built with the
-runtime's own JitSpec.build into DIR (laid out like the JIT cache, same keys), and DIR gets a
-manifest.json (see prebuilt.py) and compile_commands.json entries for each kernel source.
+Bazel runs this for each kernel (tools/kernel.bzl). From each Python module M it takes the
+attribute named by --attr (default SPECS), by name (nothing is evaluated): a JitSpec, or a list /
+tuple / dict (its values) of them. Every spec is built with the runtime's own build code into DIR
+(laid out like the JIT cache, same keys), and DIR gets a manifest.json (see prebuilt.py, with
+each module's size and sha256) and compile_commands.json entries for each kernel source.
 """
 
 from __future__ import annotations
@@ -17,19 +19,20 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from . import compile, prebuilt
-from .jit import JitSpec, resolve_source
+from .spec import JitSpec, resolve_source
 
 
-def resolve_specs(reference: str) -> list[JitSpec]:
-    module_name, _, expression = reference.partition(":")
-    if not expression:
-        raise ValueError(f"prebuild entry {reference!r} must look like 'python.module:EXPRESSION'")
-    value = eval(expression, vars(importlib.import_module(module_name)))  # noqa: S307 (our BUILD files)
+def resolve_specs(module_name: str, attr: str = "SPECS") -> list[JitSpec]:
+    """The JitSpecs that attribute `attr` of Python module `module_name` holds."""
+    module = importlib.import_module(module_name)
+    if not hasattr(module, attr):
+        raise AttributeError(f"aot: module {module_name} has no attribute {attr!r}")
+    value = getattr(module, attr)
     values: Iterable = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
     specs = list(values)
     for spec in specs:
         if not isinstance(spec, JitSpec):
-            raise TypeError(f"prebuild entry {reference!r} gave a {type(spec).__name__}, not a JitSpec")
+            raise TypeError(f"aot: {module_name}.{attr} holds a {type(spec).__name__}, not a JitSpec")
     return specs
 
 
@@ -64,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="the prebuilt tree to write")
     parser.add_argument("--archs", default="", help="CUDA targets, e.g. sm_80,sm_90a,compute_90")
     parser.add_argument("--devices", default="cpu,cuda", help="which devices' modules to build")
-    parser.add_argument("specs", nargs="*", help="MODULE:EXPRESSION entries")
+    parser.add_argument("--module", action="append", default=[], dest="modules",
+                        help="Python module holding the specs (repeatable)")
+    parser.add_argument("--attr", default="SPECS", help="attribute of each module holding the specs")
     args = parser.parse_args(argv)
 
     devices = set(filter(None, args.devices.split(",")))
@@ -72,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     base = os.getcwd()
     entries, commands = [], []
-    for reference in args.specs:
-        for spec in resolve_specs(reference):
+    for module_name in args.modules:
+        for spec in resolve_specs(module_name, args.attr):
             if spec.device not in devices:
                 continue
             if spec.device == "cuda" and not archs:

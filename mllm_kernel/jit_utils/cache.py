@@ -1,9 +1,11 @@
 """The on-disk cache: private directories, per-module locks and atomic publication.
 
 Layout (one directory per module version):
-    <root>/<device>_<name>_<args>/<key[:16]>/module.so   (+ the generated wrappers, build.json)
+    <root>/<device>_<name>_<args>/<key[:16]>/module.so   (+ integrity.json, the generated wrappers, build.json)
     <root>/<device>_<name>_<args>/<key[:16]>.lock         (flock target; may linger, harmless)
     <root>/<device>_<name>_<args>/.tmp-<key[:16]>-<pid>-<rand>/   (a build in progress)
+    <root>/<device>_<name>_<args>/.damaged-<key[:16]>-<pid>-<rand>/   (a damaged version, moved aside)
+    <root>/.memo/   (memoized file digests and compiler identities, see filememo.py)
 
 A version directory only ever appears through os.rename of a finished temp directory, so
 its presence means the module is complete; a killed build leaves only a temp directory.
@@ -93,8 +95,8 @@ def file_lock(lock_path: Path, what: str) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def make_temp_dir(parent: Path, tag: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{tag}-{os.getpid()}-", dir=parent))
+def make_temp_dir(parent: Path, tag: str, prefix: str = TEMP_PREFIX) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{tag}-{os.getpid()}-", dir=parent))
 
 
 def remove_abandoned_temp_dirs(parent: Path, own_tag: str) -> None:

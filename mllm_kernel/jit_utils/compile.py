@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config
+from . import config, filememo
 
 # -fno-math-errno: sqrt & co. become instructions instead of libm calls, whose symbol versions
 # would tie prebuilt modules to the build machine's glibc (sqrtf@GLIBC_2.43 on Debian sid).
@@ -24,14 +24,19 @@ CUDA_CFLAGS = ("-std=c++20", "-O3", "-Xcompiler", "-fPIC,-fvisibility=hidden")
 
 @functools.cache
 def compiler_identity(compiler: str) -> str:
-    """Resolved path plus `--version` output; part of every key. Cached per process."""
+    """Resolved path plus `--version` output; part of every key. Cached per process, and across
+    processes by the stat of the compiler's real file (filememo), so a warm load runs nothing."""
     resolved = shutil.which(compiler)
     if resolved is None:
         raise FileNotFoundError(f"mllm_kernel: compiler {compiler!r} not found (set CXX / MLLM_KERNEL_NVCC)")
-    result = subprocess.run([resolved, "--version"], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"mllm_kernel: `{resolved} --version` failed:\n{result.stderr}")
-    return f"{os.path.realpath(resolved)}\n{result.stdout}"
+
+    def ask() -> str:
+        result = subprocess.run([resolved, "--version"], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"mllm_kernel: `{resolved} --version` failed:\n{result.stderr}")
+        return f"{os.path.realpath(resolved)}\n{result.stdout}"
+
+    return filememo.compiler_identity(resolved, ask)
 
 
 # ----------------------------------------------------------------------------- CUDA archs

@@ -6,6 +6,7 @@ users can change a switch without re-importing the package.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from pathlib import Path
@@ -66,14 +67,12 @@ def _find_root(what: str, env_name: str, candidates: list[Path], marker: str | N
 
 
 def source_roots() -> list[Path]:
-    """Where kernel folders live, searched in order: $MLLM_KERNEL_SOURCE_ROOT, else the search
-    path of the mllm_kernel.kernels package (the wheel's copy, then a checkout's kernels/)."""
-    configured = os.environ.get(ENV_SOURCE_ROOT)
-    if configured:
+    """Where relative kernel source paths resolve: [$MLLM_KERNEL_SOURCE_ROOT] if set, else [the
+    current working directory]. Kernels shipped with the package pass absolute paths instead;
+    this runtime never looks into the kernels package."""
+    if os.environ.get(ENV_SOURCE_ROOT):
         return [_find_root("kernel source", ENV_SOURCE_ROOT, [])]
-    import mllm_kernel.kernels
-
-    return [Path(p) for p in mllm_kernel.kernels.__path__ if Path(p).is_dir()]
+    return [Path.cwd()]
 
 
 def include_root() -> Path:
@@ -135,6 +134,12 @@ def nvcc_compiler() -> str:
 
 def tvm_ffi_paths() -> tuple[list[Path], Path]:
     """(include dirs, libtvm_ffi.so) of the installed apache-tvm-ffi."""
+    includes, library = _tvm_ffi_paths()
+    return list(includes), library
+
+
+@functools.cache  # fixed for a process; the lookups cost about 1 ms
+def _tvm_ffi_paths() -> tuple[tuple[Path, ...], Path]:
     from tvm_ffi import libinfo
 
     includes: list[Path] = []
@@ -142,7 +147,7 @@ def tvm_ffi_paths() -> tuple[list[Path], Path]:
         resolved = Path(path).resolve()
         if resolved not in includes:
             includes.append(resolved)
-    return includes, Path(libinfo.find_libtvm_ffi()).resolve()
+    return tuple(includes), Path(libinfo.find_libtvm_ffi()).resolve()
 
 
 def tvm_ffi_version() -> str:

@@ -8,58 +8,61 @@ file *contents* in a deterministic traversal order, never absolute paths.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from . import filememo
+
 # Bumped whenever the layout of the cache or of generated wrappers changes meaning.
-RUNTIME_FORMAT_VERSION = "1"
-
-_INCLUDE_LINE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.MULTILINE)
-# Highway's foreach_target.h re-includes the file named here once per SIMD target.
-_HWY_TARGET_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*define[ \t]+HWY_TARGET_INCLUDE[ \t]+(")([^"\n]+)"', re.MULTILINE)
+# 2: wrappers hashed with source basenames, CPU modules export the SIMD target functions,
+#    include traversal follows paths as spelled (no realpath), modules carry an integrity record.
+RUNTIME_FORMAT_VERSION = "2"
 
 
-def _scan_file(path: Path) -> tuple[str, list[tuple[str, str]]]:
-    """(sha256 of the content, [(delimiter, spelled name) of each include])."""
-    data = path.read_bytes()
-    matches = sorted([*_INCLUDE_LINE.finditer(data), *_HWY_TARGET_INCLUDE.finditer(data)], key=lambda m: m.start())
-    includes = [(m.group(1).decode(), m.group(2).decode().strip()) for m in matches]
-    return hashlib.sha256(data).hexdigest(), includes
-
-
-def _resolve_include(
-    delimiter: str, name: str, including_dir: Path, include_paths: Sequence[Path]
-) -> Path | None:
-    # Same search order as the compiler: "x" looks next to the includer first.
+def _find_include(delimiter: str, name: str, including_dir: str, include_paths: Sequence[str]) -> str | None:
+    # Same search order as the compiler: "x" looks next to the includer first. Paths stay as
+    # spelled (like the compiler's): under Bazel the runfiles' symlinks are what a build sees.
     search = ([including_dir] if delimiter == '"' else []) + list(include_paths)
     for directory in search:
-        candidate = directory / name
-        if candidate.is_file():
-            return candidate.resolve()
+        candidate = f"{directory}/{name}"
+        if os.path.isfile(candidate):
+            return os.path.normpath(candidate)
     return None  # a system / CUDA toolkit header: covered by the compiler's identity
 
 
-def hash_sources(hasher, sources: Sequence[Path], include_paths: Sequence[Path]) -> list[Path]:
+def hash_sources(hasher, sources: Sequence[Path], include_paths: Sequence[Path]) -> list[str]:
     """Feed every source and every header it reaches into `hasher`; return the files seen.
 
     Include resolution is textual (no preprocessor), so a header included under an #if is
-    hashed even when not used; that only costs an occasional unnecessary rebuild.
+    hashed even when not used; that only costs an occasional unnecessary rebuild. Digests and
+    include lists come from filememo (keyed by each file's stat), so a warm process re-reads
+    nothing; resolving the includes is still done every time (a new header may shadow one).
     """
-    seen: set[Path] = set()
-    order: list[Path] = []
-    stack = [Path(s).resolve() for s in reversed(sources)]
+    search = [os.path.abspath(p) for p in include_paths]
+    resolved_in: dict[tuple[str, str, str], str | None] = {}  # this traversal's resolutions
+    seen: set[tuple[int, int]] = set()  # (device, inode): one file reached through two paths
+    order: list[str] = []
+    stack = [os.path.abspath(s) for s in reversed(sources)]
     while stack:
         path = stack.pop()
-        if path in seen:
+        info = os.stat(path)
+        identity = (info.st_dev, info.st_ino)
+        if identity in seen:
             continue
-        seen.add(path)
+        seen.add(identity)
         order.append(path)
-        digest, includes = _scan_file(path)
+        digest, includes = filememo.scan_source(path)
         hasher.update(f"file {digest}\n".encode())
         children = []
+        including_dir = os.path.dirname(path)
         for delimiter, name in includes:
-            resolved = _resolve_include(delimiter, name, path.parent, include_paths)
+            # <x> does not depend on the includer's folder: share its resolution.
+            memo_key = (delimiter, name, including_dir if delimiter == '"' else "")
+            if memo_key not in resolved_in:
+                resolved_in[memo_key] = _find_include(delimiter, name, including_dir, search)
+            resolved = resolved_in[memo_key]
             hasher.update(f"  include {delimiter}{name} -> {'found' if resolved else 'external'}\n".encode())
             if resolved is not None:
                 children.append(resolved)
@@ -82,6 +85,7 @@ def compute_key(
         hasher.update(f"{label} {len(encoded)}\n".encode())
         hasher.update(encoded)
     hash_sources(hasher, sources, include_paths)
+    filememo.flush()
     return hasher.hexdigest()
 
 

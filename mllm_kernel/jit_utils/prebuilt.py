@@ -3,21 +3,24 @@
 Bazel builds them with the runtime's own JitSpec.build (python -m mllm_kernel.jit_utils.aot), so
 they carry the same keys. A manifest entry is looked up by display name and *source key*, which
 needs no compiler: a wheel's modules load on a machine without one, and a module whose sources,
-headers, flags or tvm-ffi version changed since it was built is never loaded.
+headers, flags or tvm-ffi version changed since it was built is never loaded. Each entry records
+the module's size and sha256; a module that does not match them (truncated, overwritten) is
+skipped with one warning line, never loaded.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from . import compile, config
+from . import compile, config, integrity
 
 MANIFEST_FILE = "manifest.json"
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: entries carry size and sha256
 
 _lock = threading.Lock()
 _manifests: dict[tuple[str, float], list[dict[str, Any]]] = {}
@@ -56,8 +59,9 @@ def _visible_capabilities() -> list[tuple[int, int]] | None:
     return sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
 
 
-def find_prebuilt(display_name: str, device: str, source_key: str) -> Path | None:
-    """The prebuilt module for this spec, or None. CUDA modules must run on every visible GPU."""
+def find_prebuilt(display_name: str, device: str, source_key: str, damaged: list[str] | None = None) -> Path | None:
+    """The verified prebuilt module for this spec, or None. CUDA modules must run on every
+    visible GPU. A damaged candidate is skipped with a warning (and described in `damaged`)."""
     for entry in entries():
         if entry["display_name"] != display_name or entry["source_key"] != source_key:
             continue
@@ -66,9 +70,27 @@ def find_prebuilt(display_name: str, device: str, source_key: str) -> Path | Non
             if capabilities and not all(compile.runs_on(entry["archs"], cc) for cc in capabilities):
                 continue
         path = Path(entry["path"])
-        if path.is_file():
+        if not path.is_file():
+            continue
+        problem = integrity.problem(path, entry)
+        if problem is None:
             return path
+        why = f"prebuilt module {display_name} at {path} is damaged: {problem}"
+        _warn_once(f"mllm_kernel: warning: {why}; not loading it")
+        if damaged is not None:
+            damaged.append(why)
     return None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(line: str) -> None:
+    with _lock:
+        if line in _warned:
+            return
+        _warned.add(line)
+    print(line, file=sys.stderr, flush=True)
 
 
 def manifest_entry(spec: Any, location: Any) -> dict[str, Any]:
@@ -82,6 +104,7 @@ def manifest_entry(spec: Any, location: Any) -> dict[str, Any]:
         "key": location.key,
         "archs": [name for arch in location.archs for name in arch.names()],
         "path": os.path.relpath(location.module_path, location.root),
+        **integrity.measure(location.module_path),
     }
 
 

@@ -4,6 +4,8 @@ Kernels that index memory with values from device tensors (RoPE positions, KV-ca
 embedding ids) cannot raise: each gets an int64 [3] buffer {flag, index, value} and records the
 first bad element there (sticky until read). Reading it needs a stream sync, so ops read it only
 when asked to (or by default where the cost is acceptable), never while a CUDA graph is captured.
+The CPU exports take the same argument and ignore it (they raise at once), so an op calls its
+module the same way on every device.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import torch
 
 
 class DeviceErrorRecord:
-    def __init__(self, op: str):
+    def __init__(self, op: str, message: str):
+        """`message` formats a recorded error: {index}, {value} and the keywords of raise_recorded."""
         self.op = op
+        self.message = message
         self._buffers: dict[int, torch.Tensor] = {}
         self._lock = threading.Lock()
+        self._cpu = torch.zeros(3, dtype=torch.int64)  # passed to the CPU exports, never read
 
     @staticmethod
     def _index(device: torch.device) -> int:
@@ -26,6 +31,8 @@ class DeviceErrorRecord:
     def buffer(self, device: torch.device) -> torch.Tensor:
         """The record for `device`, passed to the kernel. Allocated on first use, which must not
         happen inside a CUDA graph capture."""
+        if device.type == "cpu":
+            return self._cpu
         index = self._index(device)
         with self._lock:
             buffer = self._buffers.get(index)
@@ -52,3 +59,14 @@ class DeviceErrorRecord:
             return None
         buffer.zero_()
         return index, value
+
+    def raise_recorded(self, device: torch.device, **details: object) -> None:
+        """After a checked call: ValueError if a bad element was recorded on `device` (syncs the
+        stream). Skipped on the CPU (its kernels raise) and while a CUDA graph is captured (a sync
+        is illegal there; the record stays set for a later read)."""
+        if device.type == "cpu" or torch.cuda.is_current_stream_capturing():
+            return
+        recorded = self.pop(device)
+        if recorded is not None:
+            index, value = recorded
+            raise ValueError(f"{self.op}: " + self.message.format(index=index, value=value, device=device, **details))

@@ -7,7 +7,7 @@ import zlib
 import pytest
 import torch
 
-from mllm_kernel.kernels.embedding.embedding import embedding, pop_embedding_error
+from mllm_kernel.kernels.embedding import embedding, pop_embedding_error
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ID_DTYPES = [torch.int32, torch.int64]

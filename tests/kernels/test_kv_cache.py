@@ -7,7 +7,7 @@ import zlib
 import pytest
 import torch
 
-from mllm_kernel.kernels.kv_cache.kv_cache import pop_kv_cache_error, store_kv_cache
+from mllm_kernel.kernels.kv_cache import pop_kv_cache_error, store_kv_cache
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 HAS_CUDA = torch.cuda.is_available()

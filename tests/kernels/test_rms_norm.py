@@ -12,8 +12,8 @@ except ImportError:  # run as a plain script from a checkout
 
 import torch
 
-from mllm_kernel.kernels.rms_norm import rms_norm as rms_norm_module
-from mllm_kernel.kernels.rms_norm.rms_norm import fused_add_rms_norm, rms_norm
+import mllm_kernel.kernels.rms_norm as rms_norm_module
+from mllm_kernel.kernels.rms_norm import fused_add_rms_norm, rms_norm
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}  # rtol = atol
@@ -26,16 +26,7 @@ def make(shape, dtype, device="cpu", seed=0):
     return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).to(device)
 
 
-def ref_rms_norm(x, w, eps):
-    x64 = x.double()
-    return x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps) * w.double()
-
-
-def ref_fused(x, residual, w, eps):
-    """(new x, new residual): the sum is rounded to the dtype (f32 add, one rounding) and the
-    norm is computed from that rounded residual, like the kernels."""
-    new_residual = (x.float() + residual.float()).to(x.dtype)
-    return ref_rms_norm(new_residual, w, eps), new_residual
+from mllm_kernel.kernels.rms_norm.cases import ref_fused, ref_rms_norm  # noqa: E402 (shared references)
 
 
 def check(actual, expected, dtype):
@@ -93,7 +84,7 @@ def test_fused_add_rms_norm_large(dtype):
 def test_module_writes_every_element_of_a_poisoned_output():
     x, w = make((7, 1000), torch.bfloat16, seed=8), make(1000, torch.bfloat16, seed=9)
     out = torch.full((7, 1000), float("nan"), dtype=torch.bfloat16)
-    rms_norm_module._module("cpu").rms_norm(out, x, w, 1e-6)
+    rms_norm_module._modules["cpu"].rms_norm(out, x, w, 1e-6)
     check(out, ref_rms_norm(x, w, 1e-6), torch.bfloat16)
 
 
@@ -249,7 +240,7 @@ def test_cuda_many_rows(hidden, dtype):
     x, w = make((rows, hidden), dtype, seed=hidden + 3), make(hidden, dtype, seed=hidden + 4)
     r = make((rows, hidden), dtype, seed=hidden + 5)
     out = torch.full((rows, hidden), float("nan"), dtype=dtype, device="cuda")
-    rms_norm_module._module("cuda").rms_norm(out, x.cuda(), w.cuda(), 1e-6)
+    rms_norm_module._modules["cuda"].rms_norm(out, x.cuda(), w.cuda(), 1e-6)
     check(out, ref_rms_norm(x, w, 1e-6), dtype)
     xc, rc = x.cuda(), r.cuda()
     ref_x, ref_r = ref_fused(x, r, w, 1e-6)
@@ -288,7 +279,7 @@ def test_cuda_unaligned_and_strided(dtype):
 def test_cuda_poisoned_output_and_many_rows():
     x, w = make((5000, 256), torch.bfloat16, seed=26).cuda(), make(256, torch.bfloat16).cuda()
     out = torch.full_like(x, float("nan"))
-    rms_norm_module._module("cuda").rms_norm(out, x, w, 1e-6)
+    rms_norm_module._modules["cuda"].rms_norm(out, x, w, 1e-6)
     check(out, ref_rms_norm(x.cpu(), w.cpu(), 1e-6), torch.bfloat16)
 
 

@@ -7,7 +7,8 @@ import zlib
 import pytest
 import torch
 
-from mllm_kernel.kernels.rope.rope import apply_rope, pop_rope_error
+from mllm_kernel.kernels.rope import apply_rope, pop_rope_error
+from mllm_kernel.kernels.rope.cases import ref_rope
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 1e-3), torch.bfloat16: (2e-2, 1e-2)}  # atol, rtol
@@ -37,20 +38,7 @@ def make_cache(max_pos: int, rot_dim: int, device="cpu") -> torch.Tensor:
 
 
 def reference(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, is_neox: bool) -> torch.Tensor:
-    rot = cache.shape[1]
-    half = rot // 2
-    c = cache[positions.long(), :half].double()[:, None, :]
-    s = cache[positions.long(), half:].double()[:, None, :]
-    out = x.double().clone()
-    if is_neox:
-        x1, x2 = out[..., :half].clone(), out[..., half:rot].clone()
-        out[..., :half] = x1 * c - x2 * s
-        out[..., half:rot] = x2 * c + x1 * s
-    else:
-        x1, x2 = out[..., 0:rot:2].clone(), out[..., 1:rot:2].clone()
-        out[..., 0:rot:2] = x1 * c - x2 * s
-        out[..., 1:rot:2] = x2 * c + x1 * s
-    return out
+    return ref_rope(x.cpu(), positions.cpu().long(), cache.cpu(), cache.shape[1], is_neox)
 
 
 def fused_qkv(tokens, heads, kv_heads, head_dim, dtype, device, offset=0):

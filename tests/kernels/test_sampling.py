@@ -14,8 +14,8 @@ try:
 except ImportError:  # run as a plain script from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mllm_kernel.kernels.sampling.sampling import (
-    _module,
+from mllm_kernel.kernels.sampling import (
+    _modules,
     greedy_sample,
     min_p_sample,
     min_p_sample_from_uniforms,
@@ -138,7 +138,7 @@ def test_greedy_poisoned_out_and_strided_rows():
     wide = make_logits(6, 300, seed=1)
     view = wide[:, 5:290]
     out = torch.full((6,), -7, dtype=torch.int64)
-    _module("cpu").greedy_sample(out, view)
+    _modules["cpu"].greedy_sample(out, view)
     assert torch.equal(out, torch.argmax(view, dim=-1))
 
 

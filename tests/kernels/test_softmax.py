@@ -13,7 +13,7 @@ try:
 except ImportError:  # run as a plain script from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mllm_kernel.kernels.softmax.softmax import _module, log_softmax, softmax
+from mllm_kernel.kernels.softmax import _modules, log_softmax, softmax
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -30,12 +30,7 @@ def make_logits(shape, dtype, device="cpu", seed=0, scale=4.0):
     return (torch.randn(shape, generator=g) * scale).to(dtype=dtype, device=device)
 
 
-def ref_softmax(x, temperature=1.0):
-    return torch.softmax(x.double() / temperature, dim=-1)
-
-
-def ref_log_softmax(x):
-    return torch.log_softmax(x.double(), dim=-1)
+from mllm_kernel.kernels.softmax.cases import ref_log_softmax, ref_softmax  # noqa: E402 (shared references)
 
 
 def check(out, ref, dtype, tol):
@@ -66,10 +61,10 @@ def test_softmax_temperature_cpu(temperature, dtype):
 def test_softmax_writes_every_element_cpu(dtype):
     x = make_logits((3, 4099), dtype, seed=2)
     out = torch.full_like(x, float("nan"))
-    _module("cpu").softmax(out, x, 1.0)
+    _modules["cpu"].softmax(out, x, 1.0)
     check(out, ref_softmax(x), dtype, TOL)
     out.fill_(float("nan"))
-    _module("cpu").log_softmax(out, x)
+    _modules["cpu"].log_softmax(out, x)
     check(out, ref_log_softmax(x), dtype, LOG_TOL)
 
 
@@ -115,9 +110,9 @@ def test_softmax_bad_inputs_cpu():
         softmax(torch.randn(2, 8, device="meta"))
     # The C++ matcher, called directly: mismatched out.
     with pytest.raises(ValueError, match="vocab"):
-        _module("cpu").softmax(torch.empty(2, 7), torch.randn(2, 8), 1.0)
+        _modules["cpu"].softmax(torch.empty(2, 7), torch.randn(2, 8), 1.0)
     with pytest.raises(TypeError, match="dtype"):
-        _module("cpu").softmax(torch.empty(2, 8, dtype=torch.float16), torch.randn(2, 8), 1.0)
+        _modules["cpu"].softmax(torch.empty(2, 8, dtype=torch.float16), torch.randn(2, 8), 1.0)
 
 
 def test_softmax_torch_compile_cpu():
@@ -160,7 +155,7 @@ def test_softmax_cpu_vs_cuda(dtype):
 def test_softmax_writes_every_element_cuda(dtype):
     x = make_logits((3, 4096), dtype, device="cuda", seed=8)
     out = torch.full_like(x, float("nan"))
-    _module("cuda").softmax(out, x, 1.0)
+    _modules["cuda"].softmax(out, x, 1.0)
     check(out, ref_softmax(x), dtype, TOL)
 
 
@@ -204,7 +199,7 @@ def test_softmax_cuda_graph():
 @requires_cuda
 def test_softmax_bad_inputs_cuda():
     with pytest.raises(ValueError, match="device"):
-        _module("cuda").softmax(torch.empty(2, 8, device="cuda"), torch.randn(2, 8), 1.0)
+        _modules["cuda"].softmax(torch.empty(2, 8, device="cuda"), torch.randn(2, 8), 1.0)
     with pytest.raises(TypeError, match="dtype"):
         softmax(torch.randn(2, 8, dtype=torch.float64, device="cuda"))
 

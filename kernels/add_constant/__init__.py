@@ -6,12 +6,16 @@ Public names: mllm_kernel.cpu.jit.add_constant / add_constant_runtime, mllm_kern
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from mllm_kernel.jit_utils import JitSpec, cache_once, jit, make_cpp_args, register_spec
 
+EXPORTS = ()  # the seed API exports these from mllm_kernel.cpu.jit and mllm_kernel.cuda.jit
 ALLOWED_CONSTANTS = (1, 2, 4, 8, 16)
-_SOURCES = ["add_constant/add_constant.cpp"]
+_FOLDER = Path(__file__).resolve().parent
+_SOURCES = [str(_FOLDER / "add_constant.cpp")]
 
 
 def _compile_time_kernel(c: int):
@@ -56,7 +60,7 @@ def cuda_spec(c: int) -> JitSpec:
         name="add_constant",
         device="cuda",
         cpp_args=make_cpp_args(c),
-        cuda_files=("add_constant/add_constant.cuh",),
+        cuda_files=(str(_FOLDER / "add_constant.cuh"),),
         cuda_wrappers=(("add_constant", f"mllm_kernel::gpu::add_constant<{make_cpp_args(c)}>"),),
     )
 
@@ -78,7 +82,6 @@ def cuda_add_constant(x: torch.Tensor, c: int) -> torch.Tensor:
     return out
 
 
-def prebuilt_specs() -> list[JitSpec]:
-    """What the wheel ships prebuilt (kernels/add_constant/BUILD.bazel): every CPU module and
-    the CUDA module for c = 1 (other constants compile on first use)."""
-    return [k.spec for k in _KERNELS.values()] + [_runtime_kernel.spec, cuda_spec(1)]
+# What the wheel ships prebuilt: every CPU module and the CUDA module for c = 1 (other constants
+# compile on first use).
+SPECS = [k.spec for k in _KERNELS.values()] + [_runtime_kernel.spec, cuda_spec(1)]

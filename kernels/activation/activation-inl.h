@@ -1,36 +1,33 @@
 /*!
- * \file kernels/activation/activation_simd.hpp
- * \brief Highway per-target body of the CPU gated activations (silu/gelu/gelu-tanh and mul).
- *
- * Re-included once per SIMD target by <hwy/foreach_target.h> (see HWY_TARGET_INCLUDE in
- * activation.cpp), hence the toggling guard instead of #pragma once.
+ * \file kernels/activation/activation-inl.h
+ * \brief Highway per-target body of the CPU gated activations (silu/gelu/gelu-tanh and mul),
+ * re-included once per SIMD target by <hwy/foreach_target.h> (HWY_TARGET_INCLUDE in
+ * activation.cpp): a toggling guard, not #pragma once.
  */
-#if defined(MLLM_KERNEL_ACTIVATION_SIMD_HPP_) == defined(HWY_TARGET_TOGGLE)
-#ifdef MLLM_KERNEL_ACTIVATION_SIMD_HPP_
-#undef MLLM_KERNEL_ACTIVATION_SIMD_HPP_
-#else
-#define MLLM_KERNEL_ACTIVATION_SIMD_HPP_
-#endif
-
-#include <hwy/highway.h>
-#include <mllm_kernel/cpu/simd_io-inl.h>
-// Per-target header too (its own toggle guard): must be included inside the target loop.
-#include <hwy/contrib/math/math-inl.h>
-
 #include <cstddef>
 #include <cstdint>
 
+#include "activation.hpp"  // Act
+
+#if defined(MLLM_KERNEL_ACTIVATION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MLLM_KERNEL_ACTIVATION_INL_H_
+#undef MLLM_KERNEL_ACTIVATION_INL_H_
+#else
+#define MLLM_KERNEL_ACTIVATION_INL_H_
+#endif
+// Per-target headers (each has its toggle guard too): included once per target.
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+#include <mllm_kernel/cpu/simd_io-inl.h>
+
 HWY_BEFORE_NAMESPACE();
 namespace mllm_kernel::cpu::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-
 namespace activation_detail {
+namespace hn = hwy::HWY_NAMESPACE;
+using namespace mllm_kernel::activation;  // NOLINT(*): Act, kSilu, kGelu, kGeluTanh
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
-
-// Must match kSilu/kGelu/kGeluTanh in activation.cpp.
-enum Act : int { kSilu = 0, kGelu = 1, kGeluTanh = 2 };
 
 // x * sigmoid(x). exp(-x) is clamped to exp(88) (Exp is only valid up to ~88.7): for
 // x < -88 the result is ~x * 6e-39, i.e. 0 for every practical purpose.
@@ -114,9 +111,10 @@ HWY_INLINE void ActAndMulRows(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, int6
   }
 }
 
+// The exported entry (HWY_EXPORT_T in activation.cpp): one dispatch table per T.
 template <typename T>
-HWY_INLINE void ActAndMul(T* out, const T* x, int64_t rows, int64_t d, int64_t out_stride,
-                          int64_t x_stride, int act) {
+void ActAndMul(T* out, const T* x, int64_t rows, int64_t d, int64_t out_stride, int64_t x_stride,
+               int act) {
   switch (act) {
     case kSilu: return ActAndMulRows<kSilu>(out, x, rows, d, out_stride, x_stride);
     case kGelu: return ActAndMulRows<kGelu>(out, x, rows, d, out_stride, x_stride);
@@ -125,22 +123,7 @@ HWY_INLINE void ActAndMul(T* out, const T* x, int64_t rows, int64_t d, int64_t o
 }
 
 }  // namespace activation_detail
-
-// Non-template entry points per dtype: HWY_EXPORT needs plain function names.
-void ActAndMulF32(float* out, const float* x, int64_t rows, int64_t d, int64_t os, int64_t xs,
-                  int act) {
-  activation_detail::ActAndMul(out, x, rows, d, os, xs, act);
-}
-void ActAndMulF16(hwy::float16_t* out, const hwy::float16_t* x, int64_t rows, int64_t d,
-                  int64_t os, int64_t xs, int act) {
-  activation_detail::ActAndMul(out, x, rows, d, os, xs, act);
-}
-void ActAndMulBF16(hwy::bfloat16_t* out, const hwy::bfloat16_t* x, int64_t rows, int64_t d,
-                   int64_t os, int64_t xs, int act) {
-  activation_detail::ActAndMul(out, x, rows, d, os, xs, act);
-}
-
 }  // namespace mllm_kernel::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
-#endif  // MLLM_KERNEL_ACTIVATION_SIMD_HPP_
+#endif  // MLLM_KERNEL_ACTIVATION_INL_H_

@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
 
-SPECS = op_specs("embedding", ("embedding",))
-
-
-_module = DeviceModules(SPECS)
-
-
-# ----------------------------------------------------------------------------- CUDA error record
-_errors = DeviceErrorRecord("embedding")
+EXPORTS = ("embedding",)
+SPECS = op_specs(__file__, EXPORTS)
+_modules = DeviceModules(SPECS)
+_errors = DeviceErrorRecord(
+    "embedding",
+    "ids (flattened)[{index}] = {value} is out of range [0, vocab_size={vocab}) (recorded on {device} "
+    "by this call or an earlier unchecked one; its output row was zero-filled)",
+)
 
 
 def pop_embedding_error(device: torch.device | str | int | None = None) -> tuple[int, int] | None:
@@ -34,38 +34,22 @@ def pop_embedding_error(device: torch.device | str | int | None = None) -> tuple
     return _errors.pop(device)
 
 
-# ----------------------------------------------------------------------------- op
-
-
 @custom_op("embedding")
-def _embedding_op(ids: torch.Tensor, table: torch.Tensor, check: bool) -> torch.Tensor:
+def _embedding(ids: torch.Tensor, table: torch.Tensor, check: bool) -> torch.Tensor:
     if not ids.is_contiguous():
         raise ValueError(f"embedding: ids must be contiguous, got shape {tuple(ids.shape)} strides {ids.stride()}")
     if table.dim() != 2:
         raise ValueError(f"embedding: table must be 2-D [vocab, hidden], got shape {tuple(table.shape)}")
     out = torch.empty((*ids.shape, table.shape[1]), dtype=table.dtype, device=table.device)
-    flat_ids, flat_out = ids.view(-1), out.view(-1, table.shape[1])
     device = table.device
-    if device.type == "cpu":
-        _module("cpu").embedding(flat_out, flat_ids, table)
-    elif device.type == "cuda":
-        error = _errors.buffer(device)
-        _module("cuda").embedding(flat_out, flat_ids, table, error)
-        if check and not torch.cuda.is_current_stream_capturing():
-            recorded = pop_embedding_error(device)  # syncs the stream
-            if recorded is not None:
-                position, token_id = recorded
-                raise ValueError(
-                    f"embedding: ids (flattened)[{position}] = {token_id} is out of range "
-                    f"[0, vocab_size={table.shape[0]}) (recorded on {device} by this call or an "
-                    "earlier unchecked one; its output row was zero-filled)"
-                )
-    else:
-        raise ValueError(f"embedding: unsupported device {device} (expected cpu or cuda)")
+    module = _modules[device.type]
+    module.embedding(out.view(-1, table.shape[1]), ids.view(-1), table, _errors.buffer(device))
+    if check:
+        _errors.raise_recorded(device, vocab=table.shape[0])
     return out
 
 
-@_embedding_op.register_fake
+@_embedding.register_fake
 def _(ids, table, check):
     return table.new_empty((*ids.shape, table.shape[1]))
 
@@ -77,4 +61,4 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, check: bool = True) -> tor
     check (CUDA): read the out-of-range flag after the kernel, which syncs the stream; see the
     module doc. The CPU path always checks (no sync involved).
     """
-    return _embedding_op(ids, table, bool(check))
+    return _embedding(ids, table, bool(check))

@@ -1,10 +1,45 @@
-"""Benchmark cases for rms_norm and fused_add_rms_norm (timed by the lead's driver)."""
+"""rms_norm and fused_add_rms_norm: float64 references, report checks and benchmark cases."""
 
 import torch
 
-from mllm_kernel.kernels.rms_norm.rms_norm import fused_add_rms_norm, rms_norm
+from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
+from mllm_kernel.kernels.rms_norm import fused_add_rms_norm, rms_norm
 
 EPS = 1e-6
+
+
+def ref_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    x64 = x.double()
+    return x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps) * w.double()
+
+
+def ref_fused(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float = EPS):
+    """(new x, new residual): the sum is rounded to the dtype (f32 add, one rounding) and the
+    norm is computed from that rounded residual, like the kernels."""
+    new_residual = (x.float() + residual.float()).to(x.dtype)
+    return ref_rms_norm(new_residual, w, eps), new_residual
+
+
+def check(c: Checks) -> None:
+    for dtype in FLOATS:
+        n = dtype_name(dtype)
+
+        def rms():
+            x, w = c.randn(5, 1000, dtype=dtype), c.randn(1000, dtype=dtype)
+            c.close(f"rms_norm {n}", [rms_norm(x, w, EPS)], [ref_rms_norm(x, w)])
+
+        def fused():
+            x, r, w = c.randn(5, 1000, dtype=dtype), c.randn(5, 1000, dtype=dtype), c.randn(1000, dtype=dtype)
+            want = ref_fused(x, r, w)
+            fused_add_rms_norm(x, r, w, EPS)
+            c.close(f"fused_add_rms_norm {n}", [x, r], [want[0], want[1].double()])
+
+        c.run(f"rms_norm {n}", rms)
+        c.run(f"fused_add_rms_norm {n}", fused)
+
+
+# ----------------------------------------------------------------------------- benchmarks
+
 CUDA_SHAPES = ((1, 4096), (128, 4096), (4096, 4096), (4096, 16384), (16384, 8192))
 CPU_SHAPES = ((1, 4096), (32, 4096), (256, 4096))
 CUDA_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -34,7 +69,7 @@ def benchmark_cases(device: str) -> list[dict]:
             r = torch.randn(rows, hidden, generator=gen, device=device, dtype=dtype)
             w = torch.randn(hidden, generator=gen, device=device, dtype=dtype)
             shape = f"{rows}x{hidden}"
-            name = str(dtype).removeprefix("torch.")
+            name = dtype_name(dtype)
             cases.append({
                 "op": "rms_norm",
                 "shape": shape,

@@ -1,4 +1,4 @@
-"""Benchmark cases for embedding (see the lead's driver: benchmark_cases(device) -> list[dict]).
+"""embedding: reference, report checks and benchmark cases.
 
 "embedding" times the unchecked call (check=False: no host sync, the hot path); the
 "embedding[checked]" case times the default, which syncs the stream to read the error flag.
@@ -8,7 +8,25 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.kernels.embedding.embedding import embedding
+from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
+from mllm_kernel.kernels.embedding import embedding
+
+
+def ref_embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return table.cpu()[ids.cpu().long()]
+
+
+def check(c: Checks) -> None:
+    for dtype in FLOATS:
+        n = dtype_name(dtype)
+
+        def emb():
+            table = c.randn(300, 96, dtype=dtype)
+            for ids_dtype in (torch.int64, torch.int32):
+                ids = torch.randint(0, 300, (3, 5), generator=c.gen, dtype=ids_dtype).to(c.device)
+                c.equal(f"embedding[{dtype_name(ids_dtype)} ids] {n}", embedding(ids, table), ref_embedding(ids, table))
+
+        c.run(f"embedding {n}", emb)
 
 
 def _case(device, tokens, vocab, hidden, dtype, check=False):

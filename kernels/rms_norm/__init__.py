@@ -9,51 +9,49 @@ Inputs need a unit stride along hidden; leading dims are flattened with views on
 stride that a view can express is passed to the kernel, nothing is copied).
 """
 
-
 import torch
 
 from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs, rows_view
 
-SPECS = op_specs("rms_norm", ("rms_norm", "fused_add_rms_norm"))
-
-
-_module = DeviceModules(SPECS)
+EXPORTS = ("rms_norm", "fused_add_rms_norm")
+SPECS = op_specs(__file__, EXPORTS)
+_modules = DeviceModules(SPECS)
 
 
 @custom_op("rms_norm")
-def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    op = "rms_norm"
-    _module.for_tensor(op, x).rms_norm(rows_view(op, "out", out), rows_view(op, "x", x), weight, eps)
+    if x.dim() == 2:
+        _modules[x.device.type].rms_norm(out, x, weight, eps)
+    else:
+        _modules[x.device.type].rms_norm(rows_view("rms_norm", "out", out), rows_view("rms_norm", "x", x), weight, eps)
     return out
 
 
-@_rms_norm_op.register_fake
+@_rms_norm.register_fake
 def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
 @custom_op("fused_add_rms_norm", mutates_args=("x", "residual"))
-def _fused_add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    op = "fused_add_rms_norm"
+def _fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     if x.shape != residual.shape:
-        raise ValueError(f"{op}: x shape {tuple(x.shape)} != residual shape {tuple(residual.shape)}")
-    module = _module.for_tensor(op, x)
-    module.fused_add_rms_norm(rows_view(op, "x", x), rows_view(op, "residual", residual), weight, eps)
+        raise ValueError(f"fused_add_rms_norm: x shape {tuple(x.shape)} != residual shape {tuple(residual.shape)}")
+    if x.dim() != 2:
+        x, residual = rows_view("fused_add_rms_norm", "x", x), rows_view("fused_add_rms_norm", "residual", residual)
+    _modules[x.device.type].fused_add_rms_norm(x, residual, weight, eps)
 
 
-@_fused_add_rms_norm_op.register_fake
+@_fused_add_rms_norm.register_fake
 def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     return None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x [..., hidden], weight [hidden] (x's dtype) -> x / sqrt(mean(x^2) + eps) * weight."""
-    _module.device_type("rms_norm", x)
-    return _rms_norm_op(x, weight, float(eps))
+    return _rms_norm(x, weight, eps)
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
     """In place: residual += x (rounded to the dtype), then x = rms_norm(residual, weight, eps)."""
-    _module.device_type("fused_add_rms_norm", x)
-    _fused_add_rms_norm_op(x, residual, weight, float(eps))
+    _fused_add_rms_norm(x, residual, weight, eps)

@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
 
-SPECS = op_specs("kv_cache", ("store_kv_cache",))
-
-
-_module = DeviceModules(SPECS)
-
-
-# ----------------------------------------------------------------------------- CUDA error record
-_errors = DeviceErrorRecord("store_kv_cache")
+EXPORTS = ("store_kv_cache",)
+SPECS = op_specs(__file__, EXPORTS)
+_modules = DeviceModules(SPECS)
+_errors = DeviceErrorRecord(
+    "store_kv_cache",
+    "slot_mapping[{index}] = {value} is out of range [-1, num_blocks * block_size = {num_slots}) "
+    "(recorded on {device} by this call or an earlier unchecked one; that token was not stored)",
+)
 
 
 def pop_kv_cache_error(device: torch.device | str | int | None = None) -> tuple[int, int] | None:
@@ -37,11 +37,8 @@ def pop_kv_cache_error(device: torch.device | str | int | None = None) -> tuple[
     return _errors.pop(device)
 
 
-# ----------------------------------------------------------------------------- op
-
-
 @custom_op("store_kv_cache", mutates_args=("k_cache", "v_cache"))
-def _store_kv_cache_op(
+def _store_kv_cache(
     k: torch.Tensor,
     v: torch.Tensor,
     k_cache: torch.Tensor,
@@ -50,26 +47,12 @@ def _store_kv_cache_op(
     check_slots: bool,
 ) -> None:
     device = k.device
-    if device.type == "cpu":
-        _module("cpu").store_kv_cache(k, v, k_cache, v_cache, slot_mapping)
-    elif device.type == "cuda":
-        error = _errors.buffer(device)
-        _module("cuda").store_kv_cache(k, v, k_cache, v_cache, slot_mapping, error)
-        if check_slots and not torch.cuda.is_current_stream_capturing():
-            recorded = pop_kv_cache_error(device)
-            if recorded is not None:
-                token, slot = recorded
-                num_slots = k_cache.shape[0] * k_cache.shape[1]
-                raise ValueError(
-                    f"store_kv_cache: slot_mapping[{token}] = {slot} is out of range "
-                    f"[-1, num_blocks * block_size = {num_slots}) (recorded on {device} by this "
-                    "call or an earlier unchecked one; that token was not stored)"
-                )
-    else:
-        raise ValueError(f"store_kv_cache: unsupported device {device} (expected cpu or cuda)")
+    _modules[device.type].store_kv_cache(k, v, k_cache, v_cache, slot_mapping, _errors.buffer(device))
+    if check_slots:
+        _errors.raise_recorded(device, num_slots=k_cache.shape[0] * k_cache.shape[1])
 
 
-@_store_kv_cache_op.register_fake
+@_store_kv_cache.register_fake
 def _(k, v, k_cache, v_cache, slot_mapping, check_slots) -> None:
     return None
 
@@ -89,4 +72,4 @@ def store_kv_cache(
     kv_heads, head_dim] of k's dtype (float32/float16/bfloat16). slot_mapping: int64 [tokens],
     -1 skips a token. check_slots: CUDA only, see the module doc.
     """
-    _store_kv_cache_op(k, v, k_cache, v_cache, slot_mapping, bool(check_slots))
+    _store_kv_cache(k, v, k_cache, v_cache, slot_mapping, bool(check_slots))

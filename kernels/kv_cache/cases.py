@@ -1,10 +1,41 @@
-"""Benchmark cases for store_kv_cache (see the lead's driver: benchmark_cases(device) -> list[dict])."""
+"""store_kv_cache: reference, report checks and benchmark cases."""
 
 from __future__ import annotations
 
 import torch
 
-from mllm_kernel.kernels.kv_cache.kv_cache import store_kv_cache
+from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
+from mllm_kernel.kernels.kv_cache import store_kv_cache
+
+
+def ref_store(src: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache (CPU) after storing src[t] at flat slot slots[t]; slot -1 skips the token."""
+    out = cache.clone().view(-1, *cache.shape[2:])
+    keep = slots >= 0
+    out[slots[keep]] = src[keep]
+    return out.view(cache.shape)
+
+
+def check(c: Checks) -> None:
+    for dtype in FLOATS:
+        n = dtype_name(dtype)
+
+        def kv():
+            tokens, blocks, block, heads, dim = 9, 4, 8, 2, 32
+            k, v = c.randn(tokens, heads, dim, dtype=dtype), c.randn(tokens, heads, dim, dtype=dtype)
+            slots = torch.randperm(blocks * block, generator=c.gen)[:tokens]
+            slots[3] = -1  # padding token: skipped
+            k_cache = torch.zeros(blocks, block, heads, dim, dtype=dtype, device=c.device)
+            v_cache = torch.zeros_like(k_cache)
+            want = [ref_store(t.cpu(), cache.cpu(), slots) for t, cache in ((k, k_cache), (v, v_cache))]
+            store_kv_cache(k, v, k_cache, v_cache, slots.to(c.device))
+            c.equal(f"store_kv_cache k {n}", k_cache, want[0])
+            c.equal(f"store_kv_cache v {n}", v_cache, want[1])
+
+        c.run(f"store_kv_cache {n}", kv)
+
+
+# ----------------------------------------------------------------------------- benchmarks
 
 
 def _case(device, tokens, kv_heads, head_dim, block_size, dtype, fused):

@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
 
-SPECS = op_specs("rope", ("apply_rope",))
-
-
-_module = DeviceModules(SPECS)
-
-
-# ----------------------------------------------------------------------------- CUDA error record
-_errors = DeviceErrorRecord("apply_rope")
+EXPORTS = ("apply_rope",)
+SPECS = op_specs(__file__, EXPORTS)
+_modules = DeviceModules(SPECS)
+_errors = DeviceErrorRecord(
+    "apply_rope",
+    "positions[{index}] = {value} is out of range [0, max_pos={max_pos}) (recorded on {device} by "
+    "this call or an earlier unchecked one; that token's q/k were left unchanged)",
+)
 
 
 def pop_rope_error(device: torch.device | str | int | None = None) -> tuple[int, int] | None:
@@ -38,22 +38,8 @@ def pop_rope_error(device: torch.device | str | int | None = None) -> tuple[int,
     return _errors.pop(device)
 
 
-def _raise_recorded_error(device: torch.device, max_pos: int) -> None:
-    error = pop_rope_error(device)
-    if error is not None:
-        token, position = error
-        raise ValueError(
-            f"apply_rope: positions[{token}] = {position} is out of range [0, max_pos={max_pos}) "
-            f"(recorded on {device} by this call or an earlier unchecked one; that token's q/k "
-            "were left unchanged)"
-        )
-
-
-# ----------------------------------------------------------------------------- op
-
-
 @custom_op("apply_rope", mutates_args=("q", "k"))
-def _apply_rope_op(
+def _apply_rope(
     q: torch.Tensor,
     k: torch.Tensor,
     positions: torch.Tensor,
@@ -62,18 +48,12 @@ def _apply_rope_op(
     check_positions: bool,
 ) -> None:
     device = q.device
-    if device.type == "cpu":
-        _module("cpu").apply_rope(q, k, positions, cos_sin_cache, is_neox)
-    elif device.type == "cuda":
-        error = _errors.buffer(device)
-        _module("cuda").apply_rope(q, k, positions, cos_sin_cache, is_neox, error)
-        if check_positions and not torch.cuda.is_current_stream_capturing():
-            _raise_recorded_error(device, cos_sin_cache.shape[0])
-    else:
-        raise ValueError(f"apply_rope: unsupported device {device} (expected cpu or cuda)")
+    _modules[device.type].apply_rope(q, k, positions, cos_sin_cache, is_neox, _errors.buffer(device))
+    if check_positions:
+        _errors.raise_recorded(device, max_pos=cos_sin_cache.shape[0])
 
 
-@_apply_rope_op.register_fake
+@_apply_rope.register_fake
 def _(q, k, positions, cos_sin_cache, is_neox, check_positions) -> None:
     return None
 
@@ -93,4 +73,4 @@ def apply_rope(
     q/k: float32/float16/bfloat16 (same dtype); any token stride (e.g. slices of a fused qkv
     tensor), heads and head_dim contiguous. check_positions: CUDA only, see the module doc.
     """
-    _apply_rope_op(q, k, positions, cos_sin_cache, bool(is_neox), bool(check_positions))
+    _apply_rope(q, k, positions, cos_sin_cache, bool(is_neox), bool(check_positions))

@@ -1,9 +1,41 @@
-"""Benchmark cases for silu_and_mul and gelu_and_mul (timed by the lead's driver)."""
+"""silu_and_mul and gelu_and_mul: float64 references, report checks and benchmark cases."""
+
+import math
 
 import torch
 import torch.nn.functional as F
 
-from mllm_kernel.kernels.activation.activation import gelu_and_mul, silu_and_mul
+from mllm_kernel.kernels.activation import gelu_and_mul, silu_and_mul
+from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
+
+
+def ref_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.double().chunk(2, -1)
+    return a * torch.sigmoid(a) * b
+
+
+def ref_gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    a, b = x.double().chunk(2, -1)
+    if approximate == "tanh":
+        return 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3))) * b
+    # erfc, not 1 + erf(a / sqrt 2): that cancels for a < -5 (wrong by 2% at a = -8).
+    return 0.5 * a * torch.special.erfc(-a * 0.5**0.5) * b
+
+
+def check(c: Checks) -> None:
+    for dtype in FLOATS:
+        n = dtype_name(dtype)
+
+        def act():
+            x = c.randn(3, 2 * 700, dtype=dtype, scale=2.0)
+            c.close(f"silu_and_mul {n}", [silu_and_mul(x)], [ref_silu_and_mul(x)])
+            c.close(f"gelu_and_mul {n}", [gelu_and_mul(x)], [ref_gelu_and_mul(x)])
+            c.close(f"gelu_and_mul[tanh] {n}", [gelu_and_mul(x, approximate="tanh")], [ref_gelu_and_mul(x, "tanh")])
+
+        c.run(f"activation {n}", act)
+
+
+# ----------------------------------------------------------------------------- benchmarks
 
 # (tokens, 2 * d): x's shape.
 CUDA_SHAPES = ((1, 2 * 4096), (128, 2 * 11008), (4096, 2 * 14336), (16384, 8192))

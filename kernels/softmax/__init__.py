@@ -13,34 +13,39 @@ import torch
 
 from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs, rows_view
 
-SPECS = op_specs("softmax", ("softmax", "log_softmax"))
-
-
-_module = DeviceModules(SPECS)
+EXPORTS = ("softmax", "log_softmax")
+SPECS = op_specs(__file__, EXPORTS)
+_modules = DeviceModules(SPECS)
 
 
 @custom_op("softmax")
-def _softmax_op(x: torch.Tensor, temperature: float) -> torch.Tensor:
+def _softmax(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    if not (temperature > 0.0 and math.isfinite(temperature)):
+        raise ValueError(f"softmax: temperature must be a positive finite number, got {temperature}")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    op = "softmax"
-    _module.for_tensor(op, x).softmax(rows_view(op, "out", out), rows_view(op, "x", x), temperature)
+    if x.dim() == 2:
+        _modules[x.device.type].softmax(out, x, temperature)
+    else:
+        _modules[x.device.type].softmax(rows_view("softmax", "out", out), rows_view("softmax", "x", x), temperature)
     return out
 
 
-@_softmax_op.register_fake
+@_softmax.register_fake
 def _(x: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @custom_op("log_softmax")
-def _log_softmax_op(x: torch.Tensor) -> torch.Tensor:
+def _log_softmax(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    op = "log_softmax"
-    _module.for_tensor(op, x).log_softmax(rows_view(op, "out", out), rows_view(op, "x", x))
+    if x.dim() == 2:
+        _modules[x.device.type].log_softmax(out, x)
+    else:
+        _modules[x.device.type].log_softmax(rows_view("log_softmax", "out", out), rows_view("log_softmax", "x", x))
     return out
 
 
-@_log_softmax_op.register_fake
+@_log_softmax.register_fake
 def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
@@ -48,14 +53,9 @@ def _(x: torch.Tensor) -> torch.Tensor:
 def softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """softmax(x / temperature) over the last dim (numerically stable: the row max is
     subtracted first). temperature must be > 0."""
-    temperature = float(temperature)
-    if not (temperature > 0.0 and math.isfinite(temperature)):
-        raise ValueError(f"softmax: temperature must be a positive finite number, got {temperature}")
-    _module.device_type("softmax", x)
-    return _softmax_op(x, temperature)
+    return _softmax(x, temperature)
 
 
 def log_softmax(x: torch.Tensor) -> torch.Tensor:
     """log(softmax(x)) over the last dim, computed as (x - max) - log(sum(exp(x - max)))."""
-    _module.device_type("log_softmax", x)
-    return _log_softmax_op(x)
+    return _log_softmax(x)

@@ -1,10 +1,46 @@
-"""Benchmark cases for apply_rope (see the lead's driver: benchmark_cases(device) -> list[dict])."""
+"""apply_rope: float64 reference, report checks and benchmark cases."""
 
 from __future__ import annotations
 
 import torch
 
-from mllm_kernel.kernels.rope.rope import apply_rope
+from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
+from mllm_kernel.kernels.rope import apply_rope
+
+
+def ref_rope(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, rot: int, is_neox: bool) -> torch.Tensor:
+    """x [tokens, heads, head_dim] rotated in float64 (CPU tensors); the first rot dims rotate."""
+    x = x.double().clone()
+    cos = cache[positions, : rot // 2].double().unsqueeze(1)
+    sin = cache[positions, rot // 2 :].double().unsqueeze(1)
+    idx1 = torch.arange(rot // 2) if is_neox else torch.arange(0, rot, 2)
+    idx2 = idx1 + rot // 2 if is_neox else idx1 + 1
+    x1, x2 = x[..., idx1].clone(), x[..., idx2].clone()
+    x[..., idx1] = x1 * cos - x2 * sin
+    x[..., idx2] = x2 * cos + x1 * sin
+    return x
+
+
+def check(c: Checks) -> None:
+    for dtype in FLOATS:
+        n = dtype_name(dtype)
+
+        def rope():
+            max_pos, head_dim = 512, 64
+            for rot, is_neox in ((64, True), (64, False), (32, True)):
+                inv = 1.0 / (10000.0 ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+                freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv)
+                cache = torch.cat([freqs.cos(), freqs.sin()], -1).float().to(c.device)
+                q, k = c.randn(7, 4, head_dim, dtype=dtype), c.randn(7, 2, head_dim, dtype=dtype)
+                pos = torch.randint(0, max_pos, (7,), generator=c.gen).to(c.device)
+                want = [ref_rope(t.cpu(), pos.cpu(), cache.cpu(), rot, is_neox) for t in (q, k)]
+                apply_rope(q, k, pos, cache, is_neox)
+                c.close(f"apply_rope[{'neox' if is_neox else 'gptj'} rot={rot}] {n}", [q, k], want)
+
+        c.run(f"apply_rope {n}", rope)
+
+
+# ----------------------------------------------------------------------------- benchmarks
 
 
 def _cache(max_pos: int, rot_dim: int, device: str) -> torch.Tensor:

@@ -1,14 +1,76 @@
-"""Benchmark cases for token sampling (driven by the lead's benchmark runner)."""
+"""Token sampling: float64 references, report checks and benchmark cases."""
 
 from __future__ import annotations
 
 import torch
 
-from mllm_kernel.kernels.sampling.sampling import (
+from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
+from mllm_kernel.kernels.sampling import (
     greedy_sample,
     min_p_sample_from_uniforms,
     top_k_top_p_sample_from_uniforms,
 )
+
+
+def ref_pick(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """First index, in index order, whose running kept weight exceeds u * total (the kernels' rule)."""
+    cdf = weights.cumsum(-1)
+    target = (u.double() * cdf[:, -1]).unsqueeze(-1)
+    return (cdf <= target).sum(-1).clamp_max(weights.shape[-1] - 1)
+
+
+def away_from_boundaries(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Move each uniform off CDF boundaries (float32 vs float64 sums may round either way
+    there), so the sampled ids must match exactly."""
+    cdf = weights.cumsum(-1) / weights.sum(-1, keepdim=True)
+    u = u.double().clone()
+    for row in range(u.shape[0]):
+        for _ in range(100):
+            if (cdf[row] - u[row]).abs().min() > 1e-4:
+                break
+            u[row] = (u[row] + 3.7e-3) % 1.0
+    return u.float()
+
+
+def ref_top_k_top_p_weights(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """The kept, unnormalized float64 probabilities of top-k then top-p (ties kept)."""
+    x = logits.double()
+    probs = torch.softmax(x, -1)
+    kth = x.topk(top_k, -1).values[:, -1:]
+    probs = probs.masked_fill(x < kth, 0.0)  # ties at the k-th value stay
+    total = probs.sum(-1, keepdim=True)
+    # A token stays when the mass of strictly more probable tokens is < top_p of the top-k mass.
+    before = torch.stack([(probs[r].unsqueeze(0) * (probs[r].unsqueeze(0) > probs[r].unsqueeze(1))).sum(-1)
+                          for r in range(probs.shape[0])])
+    return probs.masked_fill(before >= top_p * total, 0.0)
+
+
+def ref_min_p_weights(probs: torch.Tensor, min_p: float) -> torch.Tensor:
+    p = probs.double()
+    return p.masked_fill(p < min_p * p.amax(-1, keepdim=True), 0.0)
+
+
+def check(c: Checks) -> None:
+    for dtype in FLOATS:
+        n = dtype_name(dtype)
+
+        def sampling():
+            logits = c.randn(6, 2000, dtype=dtype, scale=3.0)
+            c.equal(f"greedy_sample {n}", greedy_sample(logits), logits.double().argmax(-1))
+            u = torch.rand(6, generator=c.gen)
+            weights = ref_top_k_top_p_weights(logits.cpu(), 50, 0.9)
+            uk = away_from_boundaries(weights, u)
+            got = top_k_top_p_sample_from_uniforms(logits, uk.to(c.device), 50, 0.9)
+            c.equal(f"top_k_top_p_sample {n}", got, ref_pick(weights, uk))
+            probs = torch.softmax(logits.double(), -1).to(dtype)
+            kept = ref_min_p_weights(probs.cpu(), 0.05)
+            um = away_from_boundaries(kept, u)
+            c.equal(f"min_p_sample {n}", min_p_sample_from_uniforms(probs, um.to(c.device), 0.05), ref_pick(kept, um))
+
+        c.run(f"sampling {n}", sampling)
+
+
+# ----------------------------------------------------------------------------- benchmarks
 
 _SHAPES = {
     "cpu": ((1, 32000), (8, 128256)),

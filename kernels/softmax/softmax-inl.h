@@ -1,31 +1,28 @@
 /*!
- * \file kernels/softmax/softmax_simd.hpp
- * \brief Highway per-target body of the CPU softmax / log_softmax kernels.
- *
- * Re-included once per SIMD target by <hwy/foreach_target.h> (see HWY_TARGET_INCLUDE in
- * softmax.cpp), hence the toggling guard instead of #pragma once.
+ * \file kernels/softmax/softmax-inl.h
+ * \brief Highway per-target body of the CPU softmax / log_softmax kernels; softmax.cpp's
+ * HWY_TARGET_INCLUDE, so <hwy/foreach_target.h> re-includes it once per SIMD target (a toggling
+ * guard, not #pragma once).
  */
-#if defined(MLLM_KERNEL_SOFTMAX_SIMD_HPP_) == defined(HWY_TARGET_TOGGLE)
-#ifdef MLLM_KERNEL_SOFTMAX_SIMD_HPP_
-#undef MLLM_KERNEL_SOFTMAX_SIMD_HPP_
-#else
-#define MLLM_KERNEL_SOFTMAX_SIMD_HPP_
-#endif
-
-#include <hwy/contrib/math/math-inl.h>
-#include <hwy/highway.h>
-
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 
+#if defined(MLLM_KERNEL_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MLLM_KERNEL_SOFTMAX_INL_H_
+#undef MLLM_KERNEL_SOFTMAX_INL_H_
+#else
+#define MLLM_KERNEL_SOFTMAX_INL_H_
+#endif
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>  // per target, like this file
+
 HWY_BEFORE_NAMESPACE();
 namespace mllm_kernel::cpu::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-
 namespace softmax_detail {
+namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 
@@ -130,32 +127,18 @@ HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, floa
   }
 }
 
+// The exported entry (HWY_EXPORT_T in softmax.cpp): out is contiguous [rows, vocab]; x rows
+// are x_stride elements apart.
 template <typename T>
-HWY_INLINE void Rows(T* out, const T* x, int64_t rows, int64_t vocab, int64_t x_stride,
-                     float inv_temp, bool log) {
+void Rows(T* out, const T* x, int64_t rows, int64_t vocab, int64_t x_stride, float inv_temp,
+          bool log) {
   for (int64_t r = 0; r < rows; ++r) {
     Row(out + r * vocab, x + r * x_stride, static_cast<size_t>(vocab), inv_temp, log);
   }
 }
 
 }  // namespace softmax_detail
-
-// One entry point per dtype: HWY_EXPORT needs plain functions. out is contiguous [rows, vocab];
-// x rows are x_stride elements apart.
-void SoftmaxRowsF32(float* out, const float* x, int64_t rows, int64_t vocab, int64_t x_stride,
-                    float inv_temp, bool log) {
-  softmax_detail::Rows(out, x, rows, vocab, x_stride, inv_temp, log);
-}
-void SoftmaxRowsF16(hwy::float16_t* out, const hwy::float16_t* x, int64_t rows, int64_t vocab,
-                    int64_t x_stride, float inv_temp, bool log) {
-  softmax_detail::Rows(out, x, rows, vocab, x_stride, inv_temp, log);
-}
-void SoftmaxRowsBF16(hwy::bfloat16_t* out, const hwy::bfloat16_t* x, int64_t rows,
-                     int64_t vocab, int64_t x_stride, float inv_temp, bool log) {
-  softmax_detail::Rows(out, x, rows, vocab, x_stride, inv_temp, log);
-}
-
 }  // namespace mllm_kernel::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
-#endif  // MLLM_KERNEL_SOFTMAX_SIMD_HPP_
+#endif  // MLLM_KERNEL_SOFTMAX_INL_H_

@@ -1,20 +1,18 @@
 /*!
- * \file kernels/add_constant/add_constant_simd.hpp
- * \brief Highway per-target body of the CPU add_constant kernels.
- *
- * Re-included once per SIMD target by <hwy/foreach_target.h> (see HWY_TARGET_INCLUDE in
- * add_constant.cpp), hence the toggling guard instead of #pragma once.
+ * \file kernels/add_constant/add_constant-inl.h
+ * \brief Highway per-target body of the CPU add_constant kernels: add_constant.cpp's
+ * HWY_TARGET_INCLUDE, re-included by <hwy/foreach_target.h> for each SIMD target (so a
+ * toggling guard, not #pragma once).
  */
-#if defined(MLLM_KERNEL_ADD_CONSTANT_SIMD_HPP_) == defined(HWY_TARGET_TOGGLE)
-#ifdef MLLM_KERNEL_ADD_CONSTANT_SIMD_HPP_
-#undef MLLM_KERNEL_ADD_CONSTANT_SIMD_HPP_
-#else
-#define MLLM_KERNEL_ADD_CONSTANT_SIMD_HPP_
-#endif
-
-#include <hwy/highway.h>
-
 #include <cstddef>
+
+#if defined(MLLM_KERNEL_ADD_CONSTANT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MLLM_KERNEL_ADD_CONSTANT_INL_H_
+#undef MLLM_KERNEL_ADD_CONSTANT_INL_H_
+#else
+#define MLLM_KERNEL_ADD_CONSTANT_INL_H_
+#endif
+#include <hwy/highway.h>  // per target too
 
 HWY_BEFORE_NAMESPACE();
 namespace mllm_kernel::cpu::HWY_NAMESPACE {
@@ -56,4 +54,4 @@ void AddConstantRuntime(float* dst, const float* src, size_t n, float c) {
 }  // namespace mllm_kernel::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
-#endif  // MLLM_KERNEL_ADD_CONSTANT_SIMD_HPP_
+#endif  // MLLM_KERNEL_ADD_CONSTANT_INL_H_

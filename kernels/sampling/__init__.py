@@ -26,16 +26,15 @@ import math
 
 import torch
 
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
+from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, expect_tensor, op_specs
 
-SPECS = op_specs("sampling", ("greedy_sample", "top_k_top_p_sample", "min_p_sample"))
-
-
-_module = DeviceModules(SPECS)
+EXPORTS = ("greedy_sample", "top_k_top_p_sample", "min_p_sample")
+SPECS = op_specs(__file__, EXPORTS)
+_modules = DeviceModules(SPECS)
 
 
 def _check_rows(x: torch.Tensor, op: str, name: str) -> int:
-    _module.device_type(op, x)
+    expect_tensor(op, name, x, SPECS)
     if x.dim() != 2:
         raise ValueError(f"{op}: {name} must be 2-D [batch, vocab], got shape {tuple(x.shape)}")
     return x.shape[0]
@@ -51,7 +50,7 @@ def _empty_tokens(x: torch.Tensor) -> torch.Tensor:
 @custom_op("greedy_sample")
 def _greedy_op(logits: torch.Tensor) -> torch.Tensor:
     out = _empty_tokens(logits)
-    _module.for_tensor("greedy_sample", logits).greedy_sample(out, logits)
+    _modules[logits.device.type].greedy_sample(out, logits)
     return out
 
 
@@ -65,7 +64,7 @@ def _top_k_top_p_op(
     logits: torch.Tensor, uniforms: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
     out = _empty_tokens(logits)
-    _module.for_tensor("top_k_top_p_sample", logits).top_k_top_p_sample(out, logits, uniforms, top_k, top_p)
+    _modules[logits.device.type].top_k_top_p_sample(out, logits, uniforms, top_k, top_p)
     return out
 
 
@@ -77,7 +76,7 @@ def _(logits, uniforms, top_k, top_p):
 @custom_op("min_p_sample")
 def _min_p_op(probs: torch.Tensor, uniforms: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     out = _empty_tokens(probs)
-    _module.for_tensor("min_p_sample", probs).min_p_sample(out, probs, uniforms, min_p)
+    _modules[probs.device.type].min_p_sample(out, probs, uniforms, min_p)
     return out
 
 
@@ -99,8 +98,12 @@ def _per_row(value, batch: int, device: torch.device, dtype: torch.dtype) -> tor
 def _scalar_top_k(top_k) -> int:
     if isinstance(top_k, torch.Tensor):
         return top_k
-    if isinstance(top_k, bool) or not isinstance(top_k, int):
+    if isinstance(top_k, float):
         raise ValueError(f"top_k_top_p_sample: top_k must be an int or an int64 tensor, got {top_k!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise TypeError(f"top_k_top_p_sample: top_k must be an int or an int64 tensor, got {type(top_k).__name__}")
+    if not -(2**63) <= top_k < 2**63:
+        raise ValueError(f"top_k_top_p_sample: top_k = {top_k} is out of range for a 64-bit integer")
     return top_k
 
 
@@ -108,7 +111,7 @@ def _scalar_in_range(value, op: str, name: str, low: float, low_inclusive: bool)
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{op}: {name} must be a float or a float32 tensor, got {value!r}")
+        raise TypeError(f"{op}: {name} must be a float or a float32 tensor, got {type(value).__name__}")
     value = float(value)
     ok_low = value >= low if low_inclusive else value > low
     if not (ok_low and value <= 1.0) or math.isnan(value):

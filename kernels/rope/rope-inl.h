@@ -1,28 +1,25 @@
 /*!
- * \file kernels/rope/rope_simd.hpp
- * \brief Highway per-target body of the CPU rotary embedding (RoPE) kernel.
- *
- * Re-included once per SIMD target by <hwy/foreach_target.h> (see HWY_TARGET_INCLUDE in
- * rope.cpp), hence the toggling guard instead of #pragma once.
+ * \file kernels/rope/rope-inl.h
+ * \brief Highway per-target body of the CPU rotary embedding (RoPE) kernel. rope.cpp names it
+ * in HWY_TARGET_INCLUDE: <hwy/foreach_target.h> re-includes it for every SIMD target, so it has
+ * a toggling guard instead of #pragma once.
  */
-#if defined(MLLM_KERNEL_ROPE_SIMD_HPP_) == defined(HWY_TARGET_TOGGLE)
-#ifdef MLLM_KERNEL_ROPE_SIMD_HPP_
-#undef MLLM_KERNEL_ROPE_SIMD_HPP_
-#else
-#define MLLM_KERNEL_ROPE_SIMD_HPP_
-#endif
-
-#include <hwy/highway.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
+#if defined(MLLM_KERNEL_ROPE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MLLM_KERNEL_ROPE_INL_H_
+#undef MLLM_KERNEL_ROPE_INL_H_
+#else
+#define MLLM_KERNEL_ROPE_INL_H_
+#endif
+#include <hwy/highway.h>  // this target's ops
+
 HWY_BEFORE_NAMESPACE();
 namespace mllm_kernel::cpu::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-
 namespace rope_detail {
+namespace hn = hwy::HWY_NAMESPACE;
 
 // Load/store n (<= Lanes(df)) elements of T as float32 lanes; 16-bit types go through a
 // half-width vector and PromoteTo/DemoteTo. Full vectors use LoadU/StoreU, tails LoadN/StoreN.
@@ -92,7 +89,8 @@ HWY_INLINE void RotateGptj(T* x, const float* cos_dup, const float* sin_alt, siz
 
 // Rotates the first rot_dim dims of every head of q and k in place. Positions were checked to
 // lie in [0, max_pos) by the caller. Strides are in elements; heads are head_dim apart.
-// scratch: 2 * rot_dim floats (the per-token GPT-J cos/sin tables).
+// scratch: 2 * rot_dim floats (the per-token GPT-J cos/sin tables). The exported entry
+// (HWY_EXPORT_T in rope.cpp): one dispatch table per T.
 template <typename T>
 void RopeImpl(T* q, T* k, const int64_t* positions, const float* cos_sin_cache, int64_t num_tokens,
               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t rot_dim,
@@ -122,23 +120,7 @@ void RopeImpl(T* q, T* k, const int64_t* positions, const float* cos_sin_cache, 
   }
 }
 
-// Non-template entry points for HWY_EXPORT (one dispatch table per element type).
-void RopeF32(float* q, float* k, const int64_t* pos, const float* cache, int64_t nt, int64_t nh,
-             int64_t nkv, int64_t hd, int64_t rd, int64_t qs, int64_t ks, bool neox, float* scratch) {
-  RopeImpl(q, k, pos, cache, nt, nh, nkv, hd, rd, qs, ks, neox, scratch);
-}
-void RopeF16(hwy::float16_t* q, hwy::float16_t* k, const int64_t* pos, const float* cache,
-             int64_t nt, int64_t nh, int64_t nkv, int64_t hd, int64_t rd, int64_t qs, int64_t ks,
-             bool neox, float* scratch) {
-  RopeImpl(q, k, pos, cache, nt, nh, nkv, hd, rd, qs, ks, neox, scratch);
-}
-void RopeBF16(hwy::bfloat16_t* q, hwy::bfloat16_t* k, const int64_t* pos, const float* cache,
-              int64_t nt, int64_t nh, int64_t nkv, int64_t hd, int64_t rd, int64_t qs, int64_t ks,
-              bool neox, float* scratch) {
-  RopeImpl(q, k, pos, cache, nt, nh, nkv, hd, rd, qs, ks, neox, scratch);
-}
-
 }  // namespace mllm_kernel::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
-#endif  // MLLM_KERNEL_ROPE_SIMD_HPP_
+#endif  // MLLM_KERNEL_ROPE_INL_H_

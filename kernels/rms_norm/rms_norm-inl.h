@@ -1,15 +1,15 @@
 /*!
- * \file kernels/rms_norm/rms_norm_simd.hpp
+ * \file kernels/rms_norm/rms_norm-inl.h
  * \brief Highway per-target body of the CPU rms_norm / fused_add_rms_norm kernels.
  *
  * Re-included once per SIMD target by <hwy/foreach_target.h> (see HWY_TARGET_INCLUDE in
  * rms_norm.cpp), hence the toggling guard instead of #pragma once.
  */
-#if defined(MLLM_KERNEL_RMS_NORM_SIMD_HPP_) == defined(HWY_TARGET_TOGGLE)
-#ifdef MLLM_KERNEL_RMS_NORM_SIMD_HPP_
-#undef MLLM_KERNEL_RMS_NORM_SIMD_HPP_
+#if defined(MLLM_KERNEL_RMS_NORM_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MLLM_KERNEL_RMS_NORM_INL_H_
+#undef MLLM_KERNEL_RMS_NORM_INL_H_
 #else
-#define MLLM_KERNEL_RMS_NORM_SIMD_HPP_
+#define MLLM_KERNEL_RMS_NORM_INL_H_
 #endif
 
 #include <hwy/highway.h>
@@ -125,33 +125,7 @@ void FusedAddRmsNorm(T* x, T* residual, const T* weight, int64_t rows, int64_t d
   }
 }
 
-// Non-template entry points per dtype: HWY_EXPORT needs plain function names.
-void RmsNormF32(float* out, const float* x, const float* w, int64_t rows, int64_t d,
-                int64_t os, int64_t xs, float eps) {
-  RmsNorm(out, x, w, rows, d, os, xs, eps);
-}
-void RmsNormF16(hwy::float16_t* out, const hwy::float16_t* x, const hwy::float16_t* w,
-                int64_t rows, int64_t d, int64_t os, int64_t xs, float eps) {
-  RmsNorm(out, x, w, rows, d, os, xs, eps);
-}
-void RmsNormBF16(hwy::bfloat16_t* out, const hwy::bfloat16_t* x, const hwy::bfloat16_t* w,
-                 int64_t rows, int64_t d, int64_t os, int64_t xs, float eps) {
-  RmsNorm(out, x, w, rows, d, os, xs, eps);
-}
-void FusedAddRmsNormF32(float* x, float* res, const float* w, int64_t rows, int64_t d,
-                        int64_t xs, int64_t rs, float eps) {
-  FusedAddRmsNorm(x, res, w, rows, d, xs, rs, eps);
-}
-void FusedAddRmsNormF16(hwy::float16_t* x, hwy::float16_t* res, const hwy::float16_t* w,
-                        int64_t rows, int64_t d, int64_t xs, int64_t rs, float eps) {
-  FusedAddRmsNorm(x, res, w, rows, d, xs, rs, eps);
-}
-void FusedAddRmsNormBF16(hwy::bfloat16_t* x, hwy::bfloat16_t* res, const hwy::bfloat16_t* w,
-                         int64_t rows, int64_t d, int64_t xs, int64_t rs, float eps) {
-  FusedAddRmsNorm(x, res, w, rows, d, xs, rs, eps);
-}
-
 }  // namespace mllm_kernel::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
-#endif  // MLLM_KERNEL_RMS_NORM_SIMD_HPP_
+#endif  // MLLM_KERNEL_RMS_NORM_INL_H_

@@ -1,10 +1,34 @@
-"""Benchmark cases for softmax / log_softmax (driven by the lead's benchmark runner)."""
+"""softmax and log_softmax: float64 references, report checks and benchmark cases."""
 
 from __future__ import annotations
 
 import torch
 
-from mllm_kernel.kernels.softmax.softmax import log_softmax, softmax
+from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
+from mllm_kernel.kernels.softmax import log_softmax, softmax
+
+
+def ref_softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    return torch.softmax(x.double() / temperature, -1)
+
+
+def ref_log_softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(x.double(), -1)
+
+
+def check(c: Checks) -> None:
+    for dtype in FLOATS:
+        n = dtype_name(dtype)
+
+        def soft():
+            x = c.randn(4, 3000, dtype=dtype, scale=3.0)
+            c.close(f"softmax {n}", [softmax(x, 0.7)], [ref_softmax(x, 0.7)])
+            c.close(f"log_softmax {n}", [log_softmax(x)], [ref_log_softmax(x)])
+
+        c.run(f"softmax {n}", soft)
+
+
+# ----------------------------------------------------------------------------- benchmarks
 
 _SHAPES = {
     "cpu": ((1, 32000), (16, 32000), (256, 4096), (4, 128256)),

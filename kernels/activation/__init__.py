@@ -6,17 +6,15 @@ dtype; each output is rounded once to x's dtype. x needs a unit stride along the
 leading dims are flattened with views only (a row stride is passed to the kernel, no copy).
 """
 
-
 import torch
 
 from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs, rows_view
 
-SPECS = op_specs("activation", ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"))
+EXPORTS = ("silu_and_mul", "gelu_and_mul")
+SPECS = op_specs(__file__, ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"))
+_modules = DeviceModules(SPECS)
 
-_GELU_APPROXIMATE = ("none", "tanh")
-
-
-_module = DeviceModules(SPECS)
+_GELU_EXPORTS = {"none": "gelu_and_mul", "tanh": "gelu_tanh_and_mul"}
 
 
 def _out_shape(op: str, x: torch.Tensor) -> list[int]:
@@ -25,44 +23,43 @@ def _out_shape(op: str, x: torch.Tensor) -> list[int]:
     return [*x.shape[:-1], x.shape[-1] // 2]
 
 
-def _run(op: str, export: str, x: torch.Tensor) -> torch.Tensor:
+def _run(module_fn, op: str, x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(_out_shape(op, x))
-    getattr(_module.for_tensor(op, x), export)(rows_view(op, "out", out), rows_view(op, "x", x))
+    if x.dim() == 2:
+        module_fn(out, x)
+    else:
+        module_fn(rows_view(op, "out", out), rows_view(op, "x", x))
     return out
 
 
 @custom_op("silu_and_mul")
-def _silu_and_mul_op(x: torch.Tensor) -> torch.Tensor:
-    return _run("silu_and_mul", "silu_and_mul", x)
+def _silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _run(_modules[x.device.type].silu_and_mul, "silu_and_mul", x)
 
 
-@_silu_and_mul_op.register_fake
+@_silu_and_mul.register_fake
 def _(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(_out_shape("silu_and_mul", x))
 
 
 @custom_op("gelu_and_mul")
-def _gelu_and_mul_op(x: torch.Tensor, approximate: str) -> torch.Tensor:
-    if approximate not in _GELU_APPROXIMATE:
+def _gelu_and_mul(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    export = _GELU_EXPORTS.get(approximate)
+    if export is None:
         raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
-    export = "gelu_tanh_and_mul" if approximate == "tanh" else "gelu_and_mul"
-    return _run("gelu_and_mul", export, x)
+    return _run(getattr(_modules[x.device.type], export), "gelu_and_mul", x)
 
 
-@_gelu_and_mul_op.register_fake
+@_gelu_and_mul.register_fake
 def _(x: torch.Tensor, approximate: str) -> torch.Tensor:
     return x.new_empty(_out_shape("gelu_and_mul", x))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
-    _module.device_type("silu_and_mul", x)
-    return _silu_and_mul_op(x)
+    return _silu_and_mul(x)
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """x [..., 2d] -> gelu(x[..., :d], approximate) * x[..., d:]; approximate: "none" | "tanh"."""
-    if approximate not in _GELU_APPROXIMATE:
-        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
-    _module.device_type("gelu_and_mul", x)
-    return _gelu_and_mul_op(x, approximate)
+    return _gelu_and_mul(x, approximate)

@@ -1,0 +1,161 @@
+/*!
+ * \file mllm_kernel/cuda/launch.cuh
+ * \brief Launching kernels: LaunchKernel on torch's current stream with programmatic dependent
+ *        launch (PDL), the kernel side of PDL (pdl_wait_primary / pdl_launch_dependents),
+ *        CudaCheck / MLLM_CUDA_CHECK and the per-device compute capability.
+ *
+ * \code{.cpp}
+ *   host::LaunchKernel(grid, block, dst.device()).enable_pdl(true)(my_kernel, out, in, n);
+ * \endcode
+ */
+#ifndef MLLM_KERNEL_CUDA_LAUNCH_CUH_
+#define MLLM_KERNEL_CUDA_LAUNCH_CUH_
+
+#include <cuda_runtime.h>
+#include <dlpack/dlpack.h>
+#include <mllm_kernel/utils.hpp>
+#include <tvm/ffi/base_detail.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/extra/cuda/device_guard.h>
+
+#include <cxxabi.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <memory>
+#include <utility>
+
+namespace mllm_kernel::device {
+
+// Programmatic dependent launch (sm_90+); no-ops on older architectures.
+
+/*! \brief Wait until the preceding grid in the stream has completed and its writes are visible. */
+__device__ __forceinline__ void pdl_wait_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/*! \brief Allow the next PDL-launched grid in the stream to start its prologue early. */
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+}  // namespace mllm_kernel::device
+
+namespace mllm_kernel::host {
+
+/*! \brief RuntimeError with the CUDA error name/string and \p msg unless \p err is cudaSuccess. */
+template <typename... Args>
+inline void CudaCheck(cudaError_t err, const Args&... msg) {
+  if (TVM_FFI_PREDICT_FALSE(err != cudaSuccess)) {
+    cudaGetLastError();  // reported here: keep it from failing the next unrelated launch check
+    Panic("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), "): ", msg...);
+  }
+}
+
+/*! \brief Check a CUDA runtime call; the message names the call and its location. */
+#define MLLM_CUDA_CHECK(expr) \
+  ::mllm_kernel::host::CudaCheck((expr), #expr, " at ", __FILE__, ":", __LINE__)
+
+/*! \brief Compute capability as major * 10 + minor, queried once per device. */
+inline int GetComputeCapability(int device) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<int> cache[kMaxCachedDevices] = {};  // 0: not queried yet
+  if (device >= 0 && device < kMaxCachedDevices) {
+    if (const int cc = cache[device].load(std::memory_order_relaxed); cc != 0) return cc;
+  }
+  int major = 0, minor = 0;
+  MLLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MLLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  const int cc = major * 10 + minor;
+  if (device >= 0 && device < kMaxCachedDevices) cache[device].store(cc, std::memory_order_relaxed);
+  return cc;
+}
+
+/*!
+ * \brief Launches a kernel on torch's current stream of \p device (via TVMFFIEnvGetStream),
+ *        with that device made current, and turns launch errors into RuntimeError.
+ */
+class LaunchKernel {
+ public:
+  LaunchKernel(dim3 grid, dim3 block, DLDevice device, size_t smem_bytes = 0)
+      : grid_(grid), block_(block), device_(device), smem_bytes_(smem_bytes) {
+    RuntimeCheck(device.device_type == kDLCUDA, "LaunchKernel: expected a CUDA device, got ",
+                 "device_type=", static_cast<int>(device.device_type));
+  }
+
+  /*!
+   * \brief Launch with programmatic stream serialization so the kernel may overlap the tail of
+   *        the previous one; it must call device::pdl_wait_primary() before consuming its
+   *        output. Ignored below sm_90.
+   */
+  LaunchKernel& enable_pdl(bool enable = true) {
+    pdl_ = enable && GetComputeCapability(device_.device_id) >= 90;
+    return *this;
+  }
+
+  template <typename... Params, typename... Args>
+  void operator()(void (*kernel)(Params...), Args&&... args) const {
+    cudaError_t err = cudaSuccess;
+    {
+      // Switches the current device only when it differs, and switches back at scope end:
+      // before ReportFailure throws, so the guard's (throwing) destructor never runs mid-unwind.
+      tvm::ffi::CUDADeviceGuard guard(device_.device_id);
+      cudaLaunchConfig_t config{};
+      config.gridDim = grid_;
+      config.blockDim = block_;
+      config.dynamicSmemBytes = smem_bytes_;
+      config.stream =
+          static_cast<cudaStream_t>(TVMFFIEnvGetStream(device_.device_type, device_.device_id));
+      cudaLaunchAttribute attr[1];
+      if (pdl_) {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = attr;
+        config.numAttrs = 1;
+      }
+      if (smem_bytes_ > 48 * 1024) {  // beyond the default limit needs an explicit opt-in
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(smem_bytes_));
+      }
+      if (err == cudaSuccess) err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+      // Also clears the error state so it is not reported again by an unrelated later check.
+      const cudaError_t last = cudaGetLastError();
+      if (err == cudaSuccess) err = last;
+    }
+    if (TVM_FFI_PREDICT_FALSE(err != cudaSuccess)) {
+      ReportFailure(err, reinterpret_cast<const void*>(kernel));
+    }
+  }
+
+ private:
+  [[noreturn]] TVM_FFI_COLD_CODE void ReportFailure(cudaError_t err, const void* kernel) const {
+    const char* name = nullptr;
+    if (cudaFuncGetName(&name, kernel) != cudaSuccess || name == nullptr) {
+      cudaGetLastError();
+      name = "<unknown kernel>";
+    }
+    int status = 0;
+    std::unique_ptr<char, void (*)(void*)> demangled(
+        abi::__cxa_demangle(name, nullptr, nullptr, &status), std::free);
+    if (status == 0 && demangled) name = demangled.get();
+    Panic("CUDA kernel launch failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
+          ") for kernel ", name, " with grid (", grid_.x, ", ", grid_.y, ", ", grid_.z,
+          "), block (", block_.x, ", ", block_.y, ", ", block_.z, "), dynamic smem ",
+          smem_bytes_, " bytes, on cuda:", device_.device_id, pdl_ ? " with PDL" : "");
+  }
+
+  dim3 grid_;
+  dim3 block_;
+  DLDevice device_;
+  size_t smem_bytes_;
+  bool pdl_ = false;
+};
+
+}  // namespace mllm_kernel::host
+
+#endif  // MLLM_KERNEL_CUDA_LAUNCH_CUH_
