@@ -188,14 +188,16 @@ def _include_paths() -> tuple[list[str], list[str]]:
         paths.append(config.include_root())
     except FileNotFoundError as error:
         notes.append(f"mllm_kernel headers not found ({error})")
-    try:
-        for root in config.source_roots():
-            # The root for "op/op.cuh" includes, each op folder for its own headers.
-            ops = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
-            if ops:  # a checkout's mllm_kernel/kernels holds only the package's __init__.py
-                paths += [root, *ops]
-    except FileNotFoundError as error:
-        notes.append(f"kernel folders not found ({error})")
+    import mllm_kernel.kernels as kernels
+
+    # The op folders (each op includes "<op>.hpp" from beside it): $MLLM_KERNEL_SOURCE_ROOT's
+    # (tools/clangd_config.py points it at the workspace), else the kernels package's.
+    configured = os.environ.get(config.ENV_SOURCE_ROOT)
+    roots = [Path(configured)] if configured else [Path(p) for p in kernels.__path__]
+    ops = [p for root in roots if root.is_dir() for p in sorted(root.iterdir()) if (p / "__init__.py").is_file()]
+    if not ops:
+        notes.append(f"kernel folders not found under {[str(r) for r in roots]}")
+    paths += ops
     return [str(p) for p in dict.fromkeys(paths)], notes
 
 

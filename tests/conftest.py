@@ -4,8 +4,10 @@ import os
 import tempfile
 
 # The hermetic nvcc from the build (a runfiles-relative path): CUDA modules compile even here.
-if os.environ.get("MLLM_KERNEL_NVCC"):
-    os.environ["MLLM_KERNEL_NVCC"] = os.path.abspath(os.environ["MLLM_KERNEL_NVCC"])
+# Tools and trees from the build are runfiles-relative paths: absolute, they survive a chdir.
+for _name in ("MLLM_KERNEL_NVCC", "MLLM_KERNEL_HIGHWAY_HEADER"):
+    if os.environ.get(_name):
+        os.environ[_name] = os.path.abspath(os.environ[_name])
 if "MLLM_KERNEL_CACHE_DIR" not in os.environ:
     os.environ["MLLM_KERNEL_CACHE_DIR"] = os.path.join(
         os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp(prefix="mllm_kernel_test_"), "cache")

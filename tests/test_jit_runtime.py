@@ -43,6 +43,9 @@ from mllm_kernel.jit_utils import (
 from mllm_kernel.jit_utils import config, filememo, make_spec
 
 PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
+# Bazel gives Highway as a runfiles-relative path; these tests change directories.
+if os.environ.get("MLLM_KERNEL_HIGHWAY_HEADER"):
+    os.environ["MLLM_KERNEL_HIGHWAY_HEADER"] = os.path.abspath(os.environ["MLLM_KERNEL_HIGHWAY_HEADER"])
 SPAWN_TIMEOUT_S = 240
 
 
@@ -365,7 +368,12 @@ def test_warm_process_reads_no_source_and_runs_no_compiler(tmp_path, isolated_ca
     key = spec.key()
     assert (isolated_cache / filememo.MEMO_DIR / filememo.MEMO_FILE).is_file()
     command = [sys.executable, "-c", CHILD_KEY, repr(dataclasses.asdict(spec))]
-    result = subprocess.run(command, env=child_env(), capture_output=True, text=True)
+    # The same copy of the package as this process (the memo is keyed by path; under Bazel the
+    # runfiles' copy and the resolved checkout are two paths to the same headers).
+    same_package = os.path.dirname(os.path.dirname(os.path.abspath(mllm_kernel.__file__)))
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([same_package, env["PYTHONPATH"]])
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == key
 

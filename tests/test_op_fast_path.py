@@ -9,6 +9,7 @@ import torch
 
 import mllm_kernel as mk
 from mllm_kernel.kernels import op_modules
+from mllm_kernel.kernels.sampling import min_p_sample_from_uniforms, top_k_top_p_sample_from_uniforms
 
 OUR_DIRS = tuple(
     os.path.dirname(os.path.abspath(p)) for p in (mk.__file__, os.path.dirname(op_modules.__file__))
@@ -47,6 +48,10 @@ def _cases():
         "softmax": lambda: mk.softmax(x),
         "log_softmax": lambda: mk.log_softmax(x),
         "greedy_sample": lambda: mk.greedy_sample(x),
+        "top_k_top_p_sample_from_uniforms": lambda: top_k_top_p_sample_from_uniforms(
+            x, torch.rand(2), torch.tensor([5, 5]), torch.tensor([0.9, 0.9])),
+        "min_p_sample_from_uniforms": lambda: min_p_sample_from_uniforms(
+            x.softmax(-1), torch.rand(2), torch.tensor([0.1, 0.1])),
         "apply_rope": lambda: mk.apply_rope(q, k, pos, cache),
         "store_kv_cache": lambda: mk.store_kv_cache(k, k.clone(), kc, kc.clone(), torch.tensor([1, 5])),
         "embedding": lambda: mk.embedding(torch.tensor([1, 0]), x),
@@ -89,7 +94,7 @@ def test_out_of_range_ints_raise_value_error():
 
 
 def test_unsupported_device_names_the_op():
-    with pytest.raises(ValueError, match="silu_and_mul: unsupported device 'meta'"):
+    with pytest.raises(ValueError, match="silu_and_mul: x is on unsupported device 'meta'"):
         mk.silu_and_mul(torch.ones(2, 4, device="meta"))
 
 

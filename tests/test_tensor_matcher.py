@@ -266,5 +266,157 @@ def test_export_of_template_id_with_comma(probe):
     assert probe.probe_template(5) == -6
 
 
+# ---------------------------------------------------------------- overlap.hpp
+def element_offsets(t: torch.Tensor) -> list[int]:
+    """Storage offsets (in elements) of every element of t."""
+    index = torch.arange(t.untyped_storage().nbytes() // t.element_size())
+    return index.as_strided(t.shape, t.stride(), t.storage_offset()).reshape(-1).tolist()
+
+
+def shares_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Ground truth: whether any byte of an element of a is a byte of an element of b."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    bytes_a = {o * a.element_size() + i for o in element_offsets(a) for i in range(a.element_size())}
+    return any(o * b.element_size() + i in bytes_a for o in element_offsets(b) for i in range(b.element_size()))
+
+
+def overlaps_itself(t: torch.Tensor) -> bool:
+    offsets = element_offsets(t)
+    return len(set(offsets)) != len(offsets)
+
+
+def test_overlap_fused_qkv_slices_are_disjoint(probe):
+    T, H, KH, D = 5, 4, 2, 8
+    fused = torch.empty(T, (H + 2 * KH) * D)
+    q = fused[:, : H * D].view(T, H, D)
+    k = fused[:, H * D: (H + KH) * D].view(T, KH, D)
+    v = fused[:, (H + KH) * D:].view(T, KH, D)
+    for a, b in ((q, k), (k, v), (q, v), (k, q)):
+        assert probe.probe_overlap_kind(a, b) == 0
+    probe.probe_no_aliasing(q, k, v)
+    assert probe.probe_overlap_kind(q, q) == 1
+    assert probe.probe_overlap_kind(q, fused[2:3, H * D - 1:H * D + 1]) == 1  # straddles q | k
+    assert probe.probe_overlap_kind(k, fused[:, :H * D + 1]) == 1  # first element of k's row 0
+
+
+def test_overlap_trivial_cases(probe):
+    a, b = torch.empty(4, 8), torch.empty(4, 8)
+    assert probe.probe_overlap_kind(a, b) == 0  # different storages
+    assert probe.probe_overlap_kind(a, a[:0]) == 0  # no elements
+    assert probe.probe_overlap_kind(a[:2], a[2:]) == 0  # adjacent halves
+    assert probe.probe_overlap_kind(a[:3], a[2:]) == 1
+    assert probe.probe_overlap_kind(a, a.view(torch.int32)[1, 3:4]) == 1  # another dtype
+    assert probe.probe_overlap_kind(a.view(torch.int64)[:, :2], a[:, 4:]) == 0  # bytes 0-15 vs 16-31 per row
+    assert probe.probe_overlap_kind(a[:, ::2], a[:, 1::2]) == 0  # interleaved columns: one step of 8 bytes
+    assert probe.probe_overlap_kind(a[:, ::2], a[:, 1::3]) == 2  # column 4 is in both (not one step: conservative)
+    # Rows with different steps whose byte ranges intersect: reported, although disjoint.
+    assert probe.probe_overlap_kind(a[:, :2], a[::2, 4:]) == 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_overlap_is_exact_for_strided_rows(probe, seed):
+    """Two 'rows of contiguous blocks' views of one buffer, with one row stride or a single
+    block: the answer must equal the ground truth."""
+    import random
+
+    rng = random.Random(seed)
+    base = torch.empty(4096)
+    for _ in range(150):
+        step = rng.randint(1, 40)
+        views = []
+        for _ in range(2):
+            if rng.random() < 0.25:  # a single contiguous block
+                n = rng.randint(1, 60)
+                views.append(base[rng.randint(0, 400): ][:n])
+            else:
+                block = rng.randint(1, step)
+                rows = rng.randint(1, 12)
+                views.append(base.as_strided((rows, block), (step, 1), rng.randint(0, 400)))
+        a, b = views
+        assert probe.probe_overlap_kind(a, b) == int(shares_bytes(a, b)), (a.shape, a.stride(), a.storage_offset(),
+                                                                      b.shape, b.stride(), b.storage_offset())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_overlap_never_misses_an_overlap(probe, seed):
+    """Any layouts (as_strided, stride 0, different strides): 0 only when no byte is shared."""
+    import random
+
+    rng = random.Random(100 + seed)
+    base = torch.empty(2048)
+    for _ in range(150):
+        views = []
+        for _ in range(2):
+            ndim = rng.randint(1, 3)
+            shape = [rng.randint(1, 5) for _ in range(ndim)]
+            strides = [rng.choice([0, 1, 2, 3, 5, 7, 16, 33]) for _ in range(ndim)]
+            views.append(base.as_strided(shape, strides, rng.randint(0, 200)))
+        a, b = views
+        kind = probe.probe_overlap_kind(a, b)
+        truth = shares_bytes(a, b)
+        assert (kind != 0) == truth or (kind == 2 and not truth), (a.shape, a.stride(), b.shape, b.stride(), kind)
+
+
+def test_internal_overlap_exact_for_views(probe):
+    x = torch.empty(6, 4, 8)
+    for ok in (x, x[1:4], x[:, 1:3], x.transpose(0, 1), x[:, :, ::2], x.permute(2, 0, 1), x[::2, ::3],
+               torch.empty(5)[:0].expand(3, 0), x[:1].expand(1, 4, 8), torch.empty(1)):
+        probe.probe_internal_overlap(ok)
+    with raises(ValueError, "probe_overlap: argument 't' overlaps itself", "stride 0", "expanded"):
+        probe.probe_internal_overlap(x[:1].expand(6, 4, 8))
+    with raises(ValueError, "argument 't' overlaps itself", "stride 16 of a dim of size 3",
+                "smaller than the 32 elements spanned by the dims inside it"):
+        probe.probe_internal_overlap(x.view(-1).as_strided((3, 4, 8), (16, 8, 1)))  # token stride < H * D
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_internal_overlap_never_missed(probe, seed):
+    import random
+
+    rng = random.Random(200 + seed)
+    base = torch.empty(1024)
+    for _ in range(200):
+        ndim = rng.randint(1, 3)
+        shape = [rng.randint(1, 5) for _ in range(ndim)]
+        strides = [rng.choice([0, 1, 2, 3, 4, 6, 8, 12, 20]) for _ in range(ndim)]
+        t = base.as_strided(shape, strides, rng.randint(0, 50))
+        nested = all(s > 0 for s, n in zip(t.stride(), t.shape) if n > 1)
+        try:
+            probe.probe_internal_overlap(t)
+            raised = False
+        except ValueError:
+            raised = True
+        if overlaps_itself(t):
+            assert raised, (t.shape, t.stride())
+        elif nested and sorted_nested(t):
+            assert not raised, (t.shape, t.stride())
+
+
+def sorted_nested(t: torch.Tensor) -> bool:
+    """Each stride (by increasing stride) exceeds the extent of the dims inside it."""
+    extent = 1
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1):
+        if stride < extent:
+            return False
+        extent += stride * (size - 1)
+    return True
+
+
+def test_no_aliasing_names_both_arguments(probe):
+    x = torch.empty(4, 16)
+    w = torch.empty(16)
+    probe.probe_no_aliasing(x[:, :8], x[:, 8:], w)
+    probe.probe_no_aliasing(x[:2], x[2:], x[1, :8].clone())
+    with raises(ValueError, "probe_aliasing: arguments 'w0'", "and 'w1'", "overlap in memory"):
+        probe.probe_no_aliasing(x[:3], x[2:], w)
+    with raises(ValueError, "arguments 'w1'", "and 'r0'", "overlap in memory"):
+        probe.probe_no_aliasing(x[:2], x[2:], x[3, 4:])
+    with raises(ValueError, "argument 'w0' overlaps itself"):
+        probe.probe_no_aliasing(w.expand(4, 16), x, w[:0])
+    # Read arguments may alias each other and themselves.
+    probe.probe_no_aliasing(x[:2], x[2:], torch.empty(1).expand(8))
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

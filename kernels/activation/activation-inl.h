@@ -39,7 +39,10 @@ HWY_INLINE VF Silu(DF df, VF x) {
 // x * Phi(x) with Phi(x) = erfc(-x / sqrt(2)) / 2. Highway has no erf: erfc(z), z >= 0, uses the
 // Chebyshev fit of Numerical Recipes (erfcc, relative error < 1.2e-7 for all z), which keeps
 // the relative accuracy in the x < 0 tail where 1 + erf(x) would cancel.
-HWY_INLINE VF Gelu(DF df, VF x) {
+HWY_INLINE VF Gelu(DF df, VF x_in) {
+  // |x| capped at 15, where Phi(-|x|) already underflows to 0: x^2 stays finite (x^2 = inf made
+  // exp(-inf) * inf = NaN for |x| > 1.8e19). The result multiplies the uncapped x.
+  const VF x = hn::Clamp(x_in, hn::Set(df, -15.0f), hn::Set(df, 15.0f));
   const VF z = hn::Mul(hn::Abs(x), hn::Set(df, 0.70710678118654752f));
   const VF t = hn::Div(hn::Set(df, 1.0f), hn::MulAdd(z, hn::Set(df, 0.5f), hn::Set(df, 1.0f)));
   VF p = hn::Set(df, 0.17087277f);
@@ -63,7 +66,7 @@ HWY_INLINE VF Gelu(DF df, VF x) {
   // Phi(x) = erfc(|x|/sqrt2)/2 for x < 0, 1 - erfc(|x|/sqrt2)/2 otherwise.
   const VF phi = hn::IfThenElse(hn::Lt(x, hn::Zero(df)), half_erfc,
                                 hn::Sub(hn::Set(df, 1.0f), half_erfc));
-  return hn::Mul(x, phi);
+  return hn::Mul(x_in, phi);
 }
 
 // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))).

@@ -10,6 +10,7 @@
 #define MLLM_KERNEL_KERNELS_ACTIVATION_HPP_
 
 #include <mllm_kernel/dispatch.hpp>
+#include <mllm_kernel/overlap.hpp>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.hpp>
 #include <tvm/ffi/container/tensor.h>
@@ -23,39 +24,40 @@ enum Act : int { kSilu = 0, kGelu = 1, kGeluTanh = 2 };
 
 /*! \brief Sizes of a verified call: rows of d outputs (x rows hold 2d inputs). */
 struct ActArgs {
-  int64_t rows, d, out_stride, x_stride;
   DLDataType dtype;
   DLDevice device;
+  int64_t rows, d, out_stride, x_stride;
   bool empty() const { return rows == 0 || d == 0; }
 };
 
-/*! \brief out [rows, d] and x [rows, 2d]; out rows must not overlap. `op` names the public op. */
+/*! \brief out [rows, d] and x [rows, 2d]; out (written) has no internal overlap and shares no
+ * memory with x. x is verified first, so a bad x is named as x, not as the out allocated from
+ * it. `op` names the public op. */
 template <DLDeviceType kDev>
 ActArgs VerifyActAndMul(const char* op, tvm::ffi::TensorView out, tvm::ffi::TensorView x) {
   using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize rows{"num_tokens"}, d{"d"}, out_stride{"out_row_stride"}, x_stride{"x_row_stride"};
+  SymbolicSize rows{"num_tokens"}, d{"d"}, two_d{"2*d"}, out_stride{"out_row_stride"},
+      x_stride{"x_row_stride"};
   SymbolicDType dtype{"dtype"};
   SymbolicDevice device{"device"};
-  TensorMatcher({rows, d})
+  TensorMatcher({rows, two_d})
       .for_op(op)
       .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
       .with_device<kDev>(device)
-      .with_strides({out_stride, 1})
-      .verify(out, "out");
-  SymbolicSize two_d{"2*d"};
-  two_d.set_value(2 * d.unwrap());
-  TensorMatcher({rows, two_d})
+      .with_strides({x_stride, 1})
+      .verify(x, "x");
+  ValueCheck(two_d.unwrap() % 2 == 0, op, ": argument 'x': the last dim must be even (2*d), got ",
+             two_d.unwrap());
+  d.set_value(two_d.unwrap() / 2);
+  TensorMatcher({rows, d})
       .for_op(op)
       .with_dtype(dtype)
       .with_device(device)
-      .with_strides({x_stride, 1})
-      .verify(x, "x");
-  const ActArgs args{rows.unwrap(),     d.unwrap(),     out_stride.unwrap(),
-                     x_stride.unwrap(), dtype.unwrap(), device.unwrap()};
-  ValueCheck(args.empty() || args.rows == 1 || args.out_stride >= args.d, op,
-             ": argument 'out': row stride ", args.out_stride, " is smaller than d=", args.d,
-             ": output rows would overlap");
-  return args;
+      .with_strides({out_stride, 1})
+      .verify(out, "out");
+  CheckNoAliasing(op, {{out, "out"}}, {{x, "x"}});
+  return {dtype.unwrap(), device.unwrap(), rows.unwrap(), d.unwrap(), out_stride.unwrap(),
+          x_stride.unwrap()};
 }
 
 }  // namespace mllm_kernel::activation

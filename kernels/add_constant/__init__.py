@@ -6,6 +6,7 @@ Public names: mllm_kernel.cpu.jit.add_constant / add_constant_runtime, mllm_kern
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -14,7 +15,7 @@ from mllm_kernel.jit_utils import JitSpec, cache_once, jit, make_cpp_args, regis
 
 EXPORTS = ()  # the seed API exports these from mllm_kernel.cpu.jit and mllm_kernel.cuda.jit
 ALLOWED_CONSTANTS = (1, 2, 4, 8, 16)
-_FOLDER = Path(__file__).resolve().parent
+_FOLDER = Path(os.path.abspath(__file__)).parent  # not resolve(): under Bazel, stay in runfiles
 _SOURCES = [str(_FOLDER / "add_constant.cpp")]
 
 

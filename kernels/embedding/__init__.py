@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
+from mllm_kernel.kernels.op_modules import DeviceModules, as_bool, custom_op, op_specs
 
 EXPORTS = ("embedding",)
 SPECS = op_specs(__file__, EXPORTS)
@@ -27,11 +27,7 @@ _errors = DeviceErrorRecord(
     "by this call or an earlier unchecked one; its output row was zero-filled)",
 )
 
-
-def pop_embedding_error(device: torch.device | str | int | None = None) -> tuple[int, int] | None:
-    """See DeviceErrorRecord.pop: (index, value) of the first bad element recorded by a CUDA call
-    on `device` since the last read, or None; clears the record. Syncs the current stream."""
-    return _errors.pop(device)
+pop_embedding_error = _errors.pop  # (index, value) of the first bad element recorded on a device, or None
 
 
 @custom_op("embedding")
@@ -43,7 +39,7 @@ def _embedding(ids: torch.Tensor, table: torch.Tensor, check: bool) -> torch.Ten
     out = torch.empty((*ids.shape, table.shape[1]), dtype=table.dtype, device=table.device)
     device = table.device
     module = _modules[device.type]
-    module.embedding(out.view(-1, table.shape[1]), ids.view(-1), table, _errors.buffer(device))
+    module.embedding(out.view(ids.numel(), table.shape[1]), ids.view(-1), table, _errors[device])
     if check:
         _errors.raise_recorded(device, vocab=table.shape[0])
     return out
@@ -61,4 +57,5 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, check: bool = True) -> tor
     check (CUDA): read the out-of-range flag after the kernel, which syncs the stream; see the
     module doc. The CPU path always checks (no sync involved).
     """
-    return _embedding(ids, table, bool(check))
+    # as_bool only for non-bools: a call per flag would cost a Python frame on the hot path.
+    return _embedding(ids, table, check if type(check) is bool else as_bool("embedding", "check", check))

@@ -6,9 +6,7 @@
  * Includable: the JIT runtime compiles a wrapper TU that #includes this file and exports
  * TVM_FFI_DLL_EXPORT_TYPED_FUNC(embedding, mllm_kernel::cpu::embedding).
  */
-#include <mllm_kernel/tensor.hpp>
-#include <mllm_kernel/utils.hpp>
-#include <tvm/ffi/container/tensor.h>
+#include "embedding.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -35,37 +33,21 @@ void Gather(char* out, const char* table, const IdT* ids, int64_t n, int64_t voc
 }  // namespace embedding_detail
 
 /*!
- * \brief out [N, H] = table [vocab, H] rows picked by ids [N] (int32 or int64).
+ * \brief out [N, H] = table [vocab, H] rows picked by ids [N] (arguments: embedding.hpp).
  *
- * table: float32/float16/bfloat16, any row stride, hidden contiguous; out: contiguous, table's
- * dtype. An id < 0 or >= vocab raises ValueError naming its (flattened) position.
+ * An id < 0 or >= vocab raises ValueError naming its (flattened) position. error: the CUDA
+ * export's device-error record, taken for the same signature and ignored (the CPU raises at
+ * once instead).
  */
-inline void embedding(tvm::ffi::TensorView out, tvm::ffi::TensorView ids, tvm::ffi::TensorView table) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize N{"num_ids"}, V{"vocab_size"}, H{"hidden"}, TS{"table_row_stride"};
-  SymbolicDType dtype, id_dtype;
-  TensorMatcher({V, H})
-      .for_op("embedding")
-      .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
-      .with_device<kDLCPU>()
-      .with_strides({TS, 1})
-      .verify(table, "table");
-  TensorMatcher({N, H}).for_op("embedding").with_dtype(dtype).with_device<kDLCPU>().verify(out, "out");
-  TensorMatcher({N})
-      .for_op("embedding")
-      .with_dtype<int32_t, int64_t>(id_dtype)
-      .with_device<kDLCPU>()
-      .verify(ids, "ids");
-  const int64_t elem = dtype_bytes(dtype.unwrap());
-  auto* dst = data_ptr<char>(out);
-  const auto* src = data_ptr<const char>(table);
-  const int64_t n = N.unwrap(), vocab = V.unwrap(), row_bytes = H.unwrap() * elem;
-  const int64_t stride_bytes = TS.unwrap() * elem;
-  if (id_dtype.is<int32_t>()) {
-    embedding_detail::Gather(dst, src, data_ptr<const int32_t>(ids), n, vocab, row_bytes, stride_bytes);
-  } else {
-    embedding_detail::Gather(dst, src, data_ptr<const int64_t>(ids), n, vocab, row_bytes, stride_bytes);
-  }
+inline void embedding(tvm::ffi::TensorView out, tvm::ffi::TensorView ids, tvm::ffi::TensorView table,
+                      tvm::ffi::TensorView error) {
+  using host::data_ptr;
+  const auto a = mllm_kernel::embedding::VerifyEmbedding<kDLCPU>(out, ids, table, error);
+  host::DispatchIndex(a.id_dtype, [&]<typename IdT>() {
+    embedding_detail::Gather(data_ptr<char>(out), data_ptr<const char>(table),
+                             data_ptr<const IdT>(ids), a.num_ids, a.vocab, a.row_bytes,
+                             a.table_stride_bytes);
+  });
 }
 
 }  // namespace mllm_kernel::cpu

@@ -13,10 +13,9 @@
 #define MLLM_KERNEL_KERNELS_EMBEDDING_CUH_
 
 #include <mllm_kernel/row_copy.cuh>
-#include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
-#include <mllm_kernel/utils.hpp>
-#include <tvm/ffi/container/tensor.h>
+
+#include "embedding.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -64,44 +63,19 @@ void DispatchUnit(DLDevice device, void* out, const void* table, const IdT* ids,
 }  // namespace embedding_detail
 
 /*!
- * \brief out [N, H] = table [vocab, H] rows picked by ids [N] (int32 or int64).
- *
- * table: float32/float16/bfloat16, any row stride, hidden contiguous; out: contiguous, table's
- * dtype; error: int64 [3]; one CUDA device. Asynchronous: no host sync.
+ * \brief out [N, H] = table [vocab, H] rows picked by ids [N] (arguments: embedding.hpp).
+ * Asynchronous: no host sync.
  */
 inline void embedding(tvm::ffi::TensorView out, tvm::ffi::TensorView ids, tvm::ffi::TensorView table,
                       tvm::ffi::TensorView error) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize N{"num_ids"}, V{"vocab_size"}, H{"hidden"}, TS{"table_row_stride"};
-  SymbolicDType dtype, id_dtype;
-  SymbolicDevice device{"device"};
-  TensorMatcher({V, H})
-      .for_op("embedding")
-      .with_dtype<float, fp16_t, bf16_t>(dtype)
-      .with_device<kDLCUDA>(device)
-      .with_strides({TS, 1})
-      .verify(table, "table");
-  TensorMatcher({N, H}).for_op("embedding").with_dtype(dtype).with_device(device).verify(out, "out");
-  TensorMatcher({N})
-      .for_op("embedding")
-      .with_dtype<int32_t, int64_t>(id_dtype)
-      .with_device(device)
-      .verify(ids, "ids");
-  TensorMatcher({3}).for_op("embedding").with_dtype<int64_t>().with_device(device).verify(error, "error");
-  const int64_t elem = dtype_bytes(dtype.unwrap());
-  const int64_t n = N.unwrap(), row_bytes = H.unwrap() * elem;
-  if (n == 0 || row_bytes == 0) return;  // a zero-block grid is a launch error
-  void* dst = data_ptr<char>(out);
-  const void* src = data_ptr<const char>(table);
-  const int64_t stride_bytes = TS.unwrap() * elem;
-  auto* err = data_ptr<int64_t>(error);
-  if (id_dtype.is<int32_t>()) {
-    embedding_detail::DispatchUnit(device.unwrap(), dst, src, data_ptr<const int32_t>(ids), n,
-                                   V.unwrap(), row_bytes, stride_bytes, err);
-  } else {
-    embedding_detail::DispatchUnit(device.unwrap(), dst, src, data_ptr<const int64_t>(ids), n,
-                                   V.unwrap(), row_bytes, stride_bytes, err);
-  }
+  using host::data_ptr;
+  const auto a = mllm_kernel::embedding::VerifyEmbedding<kDLCUDA>(out, ids, table, error);
+  if (a.empty()) return;  // a zero-block grid is a launch error
+  host::DispatchIndex(a.id_dtype, [&]<typename IdT>() {
+    embedding_detail::DispatchUnit(a.device, data_ptr<char>(out), data_ptr<const char>(table),
+                                   data_ptr<const IdT>(ids), a.num_ids, a.vocab, a.row_bytes,
+                                   a.table_stride_bytes, data_ptr<int64_t>(error));
+  });
 }
 
 }  // namespace mllm_kernel::gpu

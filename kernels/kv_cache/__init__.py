@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
+from mllm_kernel.kernels.op_modules import DeviceModules, as_bool, custom_op, op_specs
 
 EXPORTS = ("store_kv_cache",)
 SPECS = op_specs(__file__, EXPORTS)
@@ -30,11 +30,7 @@ _errors = DeviceErrorRecord(
     "(recorded on {device} by this call or an earlier unchecked one; that token was not stored)",
 )
 
-
-def pop_kv_cache_error(device: torch.device | str | int | None = None) -> tuple[int, int] | None:
-    """See DeviceErrorRecord.pop: (index, value) of the first bad element recorded by a CUDA call
-    on `device` since the last read, or None; clears the record. Syncs the current stream."""
-    return _errors.pop(device)
+pop_kv_cache_error = _errors.pop  # (index, value) of the first bad element recorded on a device, or None
 
 
 @custom_op("store_kv_cache", mutates_args=("k_cache", "v_cache"))
@@ -47,7 +43,7 @@ def _store_kv_cache(
     check_slots: bool,
 ) -> None:
     device = k.device
-    _modules[device.type].store_kv_cache(k, v, k_cache, v_cache, slot_mapping, _errors.buffer(device))
+    _modules[device.type].store_kv_cache(k, v, k_cache, v_cache, slot_mapping, _errors[device])
     if check_slots:
         _errors.raise_recorded(device, num_slots=k_cache.shape[0] * k_cache.shape[1])
 
@@ -72,4 +68,6 @@ def store_kv_cache(
     kv_heads, head_dim] of k's dtype (float32/float16/bfloat16). slot_mapping: int64 [tokens],
     -1 skips a token. check_slots: CUDA only, see the module doc.
     """
-    _store_kv_cache(k, v, k_cache, v_cache, slot_mapping, bool(check_slots))
+    if type(check_slots) is not bool:  # as_bool only then: a call costs a frame on the hot path
+        check_slots = as_bool("store_kv_cache", "check_slots", check_slots)
+    _store_kv_cache(k, v, k_cache, v_cache, slot_mapping, check_slots)

@@ -13,10 +13,9 @@
 #define MLLM_KERNEL_KERNELS_KV_CACHE_CUH_
 
 #include <mllm_kernel/row_copy.cuh>
-#include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.cuh>
-#include <mllm_kernel/utils.hpp>
-#include <tvm/ffi/container/tensor.h>
+
+#include "kv_cache.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -77,54 +76,21 @@ inline void LaunchStoreKVCache(DLDevice device, const void* k, const void* v, vo
 }  // namespace kv_cache_detail
 
 /*!
- * \brief k_cache/v_cache [num_blocks, block_size, KH, D] at flat slot slot_mapping[t] = k/v[t].
- *
- * k, v: [T, KH, D], any token stride, heads and dims contiguous; caches contiguous; all
- * float32/float16/bfloat16 of one dtype; slot_mapping int64 [T]; error int64 [3]; one CUDA
- * device. slot -1 skips the token. Asynchronous: no host sync.
+ * \brief k_cache/v_cache [num_blocks, block_size, KH, D] at flat slot slot_mapping[t] = k/v[t]
+ * (arguments: kv_cache.hpp). slot -1 skips the token. Asynchronous: no host sync.
  */
 inline void store_kv_cache(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView k_cache,
                            tvm::ffi::TensorView v_cache, tvm::ffi::TensorView slot_mapping,
                            tvm::ffi::TensorView error) {
-  using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize T{"num_tokens"}, KH{"num_kv_heads"}, D{"head_dim"}, KS{"k_token_stride"},
-      VS{"v_token_stride"}, NB{"num_blocks"}, BS{"block_size"};
-  SymbolicDType dtype;
-  SymbolicDevice device{"device"};
-  TensorMatcher({T, KH, D})
-      .for_op("store_kv_cache")
-      .with_dtype<float, fp16_t, bf16_t>(dtype)
-      .with_device<kDLCUDA>(device)
-      .with_strides({KS, D, 1})
-      .verify(k, "k");
-  TensorMatcher({T, KH, D})
-      .for_op("store_kv_cache")
-      .with_dtype(dtype)
-      .with_device(device)
-      .with_strides({VS, D, 1})
-      .verify(v, "v");
-  TensorMatcher({NB, BS, KH, D})
-      .for_op("store_kv_cache")
-      .with_dtype(dtype)
-      .with_device(device)
-      .verify(k_cache, "k_cache")
-      .verify(v_cache, "v_cache");
-  TensorMatcher({T}).for_op("store_kv_cache").with_dtype<int64_t>().with_device(device).verify(
-      slot_mapping, "slot_mapping");
-  TensorMatcher({3}).for_op("store_kv_cache").with_dtype<int64_t>().with_device(device).verify(
-      error, "error");
-  const int64_t num_tokens = T.unwrap();
-  const int64_t elem = dtype_bytes(dtype.unwrap());
-  const int64_t row_bytes = KH.unwrap() * D.unwrap() * elem;
-  if (num_tokens == 0 || row_bytes == 0) return;  // a zero-block grid is a launch error
-  const void* kp = data_ptr<const char>(k);
-  const void* vp = data_ptr<const char>(v);
-  void* kcp = data_ptr<char>(k_cache);
-  void* vcp = data_ptr<char>(v_cache);
-  const int64_t ks = KS.unwrap() * elem, vs = VS.unwrap() * elem;
-  kv_cache_detail::LaunchStoreKVCache(device.unwrap(), kp, vp, kcp, vcp,
-                                      data_ptr<const int64_t>(slot_mapping), num_tokens, row_bytes,
-                                      ks, vs, NB.unwrap() * BS.unwrap(), data_ptr<int64_t>(error));
+  using host::data_ptr;
+  const auto a = mllm_kernel::kv_cache::VerifyStoreKVCache<kDLCUDA>(k, v, k_cache, v_cache,
+                                                                    slot_mapping, error);
+  if (a.empty()) return;  // a zero-block grid is a launch error
+  kv_cache_detail::LaunchStoreKVCache(a.device, data_ptr<const char>(k), data_ptr<const char>(v),
+                                      data_ptr<char>(k_cache), data_ptr<char>(v_cache),
+                                      data_ptr<const int64_t>(slot_mapping), a.num_tokens,
+                                      a.row_bytes, a.k_stride_bytes, a.v_stride_bytes, a.num_slots,
+                                      data_ptr<int64_t>(error));
 }
 
 }  // namespace mllm_kernel::gpu

@@ -7,6 +7,11 @@ fused_add_rms_norm updates in place: residual = x + residual (rounded to the dty
 x = rms_norm(residual, weight, eps), computed from the rounded residual.
 Inputs need a unit stride along hidden; leading dims are flattened with views only (any row
 stride that a view can express is passed to the kernel, nothing is copied).
+eps must be finite and >= 0 (else ValueError). A row whose float32 mean(x^2) + eps is 0 (an
+all-zero row with eps = 0, or with eps = 0 a row so small that its squares underflow) comes
+out as zeros, never 0 * inf = NaN; a row whose mean square overflows float32 (|x| > ~1e19)
+comes out as zeros too. Written tensors (fused: x and residual) must not overlap each other,
+themselves or weight (ValueError naming both).
 """
 
 import torch
@@ -24,7 +29,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     if x.dim() == 2:
         _modules[x.device.type].rms_norm(out, x, weight, eps)
     else:
-        _modules[x.device.type].rms_norm(rows_view("rms_norm", "out", out), rows_view("rms_norm", "x", x), weight, eps)
+        x2 = rows_view("rms_norm", "x", x)
+        _modules[x.device.type].rms_norm(rows_view("rms_norm", "out", out), x2, weight, eps)
     return out
 
 

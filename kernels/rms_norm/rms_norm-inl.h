@@ -56,8 +56,11 @@ HWY_INLINE void ScaleRow(DF df, T* out, const T* x, const T* HWY_RESTRICT w, siz
   }
 }
 
+// 1 / sqrt(mean + eps); 0 when mean + eps is 0 (an all-zero row with eps = 0: the row stays
+// zeros instead of 0 * inf = NaN). A NaN mean stays NaN.
 HWY_INLINE float InvRms(float sum_sq, size_t d, float eps) {
-  return 1.0f / std::sqrt(sum_sq / static_cast<float>(d) + eps);
+  const float ms = sum_sq / static_cast<float>(d) + eps;
+  return ms == 0.0f ? 0.0f : 1.0f / std::sqrt(ms);
 }
 
 }  // namespace rms_norm_detail

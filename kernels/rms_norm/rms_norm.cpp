@@ -22,12 +22,12 @@ namespace mllm_kernel::cpu {
 inline void rms_norm(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::TensorView weight,
                      double eps) {
   using host::data_ptr;
-  const auto a = mllm_kernel::rms_norm::VerifyRmsNorm<kDLCPU>(out, x, weight);
+  const auto a = mllm_kernel::rms_norm::VerifyRmsNorm<kDLCPU>(out, x, weight, eps);
   if (a.empty()) return;
   host::DispatchFloat<kDLCPU>(a.dtype, [&]<typename T>() {
     HWY_EXPORT_T(Table, RmsNorm<T>);
     HWY_DYNAMIC_DISPATCH_T(Table)(data_ptr<T>(out), data_ptr<const T>(x), data_ptr<const T>(weight),
-                                  a.rows, a.hidden, a.a_stride, a.b_stride, static_cast<float>(eps));
+                                  a.rows, a.hidden, a.a_stride, a.b_stride, a.eps);
   });
 }
 
@@ -35,12 +35,12 @@ inline void rms_norm(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi:
 inline void fused_add_rms_norm(tvm::ffi::TensorView x, tvm::ffi::TensorView residual,
                                tvm::ffi::TensorView weight, double eps) {
   using host::data_ptr;
-  const auto a = mllm_kernel::rms_norm::VerifyFusedAddRmsNorm<kDLCPU>(x, residual, weight);
+  const auto a = mllm_kernel::rms_norm::VerifyFusedAddRmsNorm<kDLCPU>(x, residual, weight, eps);
   if (a.empty()) return;
   host::DispatchFloat<kDLCPU>(a.dtype, [&]<typename T>() {
     HWY_EXPORT_T(Table, FusedAddRmsNorm<T>);
     HWY_DYNAMIC_DISPATCH_T(Table)(data_ptr<T>(x), data_ptr<T>(residual), data_ptr<const T>(weight),
-                                  a.rows, a.hidden, a.a_stride, a.b_stride, static_cast<float>(eps));
+                                  a.rows, a.hidden, a.a_stride, a.b_stride, a.eps);
   });
 }
 

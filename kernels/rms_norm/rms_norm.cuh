@@ -31,8 +31,11 @@ namespace rms_norm_detail {
 using device::bf16_t;
 using device::fp16_t;
 
+// 1 / sqrt(mean + eps); 0 when mean + eps is 0 (an all-zero row with eps = 0: the row stays
+// zeros instead of 0 * inf = NaN). A NaN mean stays NaN. One branch per row.
 __device__ __forceinline__ float InvRms(float sum_sq, int64_t d, float eps) {
-  return rsqrtf(sum_sq / static_cast<float>(d) + eps);
+  const float ms = sum_sq / static_cast<float>(d) + eps;
+  return ms == 0.0f ? 0.0f : rsqrtf(ms);
 }
 
 // Block size bound of the scalar kernels (host::plan_rows gives them at most 256 threads).
@@ -200,12 +203,11 @@ void LaunchFusedAddRmsNorm(T* x, T* residual, const T* w, int64_t rows, int64_t 
 inline void rms_norm(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::TensorView weight,
                      double eps) {
   using host::data_ptr;
-  const auto a = mllm_kernel::rms_norm::VerifyRmsNorm<kDLCUDA>(out, x, weight);
+  const auto a = mllm_kernel::rms_norm::VerifyRmsNorm<kDLCUDA>(out, x, weight, eps);
   if (a.empty()) return;  // a zero-block grid is a launch error
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
     rms_norm_detail::LaunchRmsNorm(data_ptr<T>(out), data_ptr<const T>(x), data_ptr<const T>(weight),
-                                   a.rows, a.hidden, a.a_stride, a.b_stride, static_cast<float>(eps),
-                                   a.device);
+                                   a.rows, a.hidden, a.a_stride, a.b_stride, a.eps, a.device);
   });
 }
 
@@ -213,12 +215,12 @@ inline void rms_norm(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi:
 inline void fused_add_rms_norm(tvm::ffi::TensorView x, tvm::ffi::TensorView residual,
                                tvm::ffi::TensorView weight, double eps) {
   using host::data_ptr;
-  const auto a = mllm_kernel::rms_norm::VerifyFusedAddRmsNorm<kDLCUDA>(x, residual, weight);
+  const auto a = mllm_kernel::rms_norm::VerifyFusedAddRmsNorm<kDLCUDA>(x, residual, weight, eps);
   if (a.empty()) return;
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
     rms_norm_detail::LaunchFusedAddRmsNorm(data_ptr<T>(x), data_ptr<T>(residual),
                                            data_ptr<const T>(weight), a.rows, a.hidden, a.a_stride,
-                                           a.b_stride, static_cast<float>(eps), a.device);
+                                           a.b_stride, a.eps, a.device);
   });
 }
 

@@ -4,16 +4,22 @@
  * (rms_norm.cpp) and CUDA (rms_norm.cuh) entry points.
  *
  * Tensors are 2-D [rows, hidden] with unit stride along hidden and any row stride; weight is
- * [hidden], contiguous; all share one dtype (float32/float16/bfloat16) and one device.
+ * [hidden], contiguous; all share one dtype (float32/float16/bfloat16) and one device. The
+ * tensors the op writes (out; x and residual) have no internal overlap and share no memory with
+ * any other argument (mllm_kernel/overlap.hpp). eps is finite and >= 0; a row whose float32
+ * mean(x^2) + eps is 0 (all zeros with eps = 0) normalizes to zeros (never 0 * inf = NaN).
  */
 #ifndef MLLM_KERNEL_KERNELS_RMS_NORM_HPP_
 #define MLLM_KERNEL_KERNELS_RMS_NORM_HPP_
 
 #include <mllm_kernel/dispatch.hpp>
+#include <mllm_kernel/rows.hpp>
+#include <mllm_kernel/overlap.hpp>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.hpp>
 #include <tvm/ffi/container/tensor.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace mllm_kernel::rms_norm {
@@ -24,54 +30,49 @@ struct RowsArgs {
   int64_t rows, hidden, a_stride, b_stride;
   DLDataType dtype;
   DLDevice device;
+  float eps;
   bool empty() const { return rows == 0 || hidden == 0; }
 };
 
-/*! \brief Two [rows, hidden] tensors and weight [hidden]; `written` names the tensors the op
- * writes, whose rows must not overlap (e.g. an expanded, stride-0 view). */
+/*! \brief Two [rows, hidden] tensors a and b and weight [hidden]. The input is verified first
+ * (b for rms_norm, whose a is the output it allocates), so a bad x is named as x. a is written;
+ * b too unless b_first (rms_norm's x is read only). */
 template <DLDeviceType kDev>
 RowsArgs VerifyRows(const char* op, tvm::ffi::TensorView a, const char* a_name,
                     tvm::ffi::TensorView b, const char* b_name, tvm::ffi::TensorView weight,
-                    bool b_written) {
+                    bool b_first, double eps) {
   using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize rows{"num_tokens"}, hidden{"hidden"}, a_stride{"row_stride"}, b_stride{"row_stride"};
+  SymbolicSize rows{"num_tokens"}, hidden{"hidden"};
   SymbolicDType dtype{"dtype"};
   SymbolicDevice device{"device"};
-  TensorMatcher({rows, hidden})
-      .for_op(op)
-      .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
-      .with_device<kDev>(device)
-      .with_strides({a_stride, 1})
-      .verify(a, a_name);
-  TensorMatcher({rows, hidden})
-      .for_op(op)
-      .with_dtype(dtype)
-      .with_device(device)
-      .with_strides({b_stride, 1})
-      .verify(b, b_name);
+  int64_t a_stride = 0, b_stride = 0;
+  if (b_first) b_stride = VerifyFloatRows<kDev>(op, b, b_name, rows, hidden, dtype, device);
+  a_stride = VerifyFloatRows<kDev>(op, a, a_name, rows, hidden, dtype, device, /*written=*/true);
+  if (!b_first) b_stride = VerifyFloatRows<kDev>(op, b, b_name, rows, hidden, dtype, device, /*written=*/true);
   TensorMatcher({hidden}).for_op(op).with_dtype(dtype).with_device(device).verify(weight, "weight");
-  const RowsArgs args{rows.unwrap(), hidden.unwrap(), a_stride.unwrap(), b_stride.unwrap(),
-                      dtype.unwrap(), device.unwrap()};
-  const bool one_row = args.rows <= 1;
-  ValueCheck(one_row || args.a_stride >= args.hidden, op, ": argument '", a_name, "': row stride ",
-             args.a_stride, " is smaller than hidden=", args.hidden, ": rows written would overlap");
-  ValueCheck(one_row || !b_written || args.b_stride >= args.hidden, op, ": argument '", b_name,
-             "': row stride ", args.b_stride, " is smaller than hidden=", args.hidden,
-             ": rows written would overlap");
+  ValueCheck(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
+  return {rows.unwrap(), hidden.unwrap(), a_stride, b_stride, dtype.unwrap(), device.unwrap(),
+          static_cast<float>(eps)};
+}
+
+/*! \brief rms_norm(out, x, weight, eps): out is written, x and weight are read. */
+template <DLDeviceType kDev>
+RowsArgs VerifyRmsNorm(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::TensorView weight,
+                       double eps) {
+  const RowsArgs args = VerifyRows<kDev>("rms_norm", out, "out", x, "x", weight, /*b_first=*/true, eps);
+  host::CheckNoAliasing("rms_norm", {{out, "out"}}, {{x, "x"}, {weight, "weight"}});
   return args;
 }
 
-/*! \brief rms_norm(out, x, weight): out is written. */
-template <DLDeviceType kDev>
-RowsArgs VerifyRmsNorm(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::TensorView weight) {
-  return VerifyRows<kDev>("rms_norm", out, "out", x, "x", weight, /*b_written=*/false);
-}
-
-/*! \brief fused_add_rms_norm(x, residual, weight): both x and residual are written. */
+/*! \brief fused_add_rms_norm(x, residual, weight, eps): x and residual are written (in place,
+ * row by row, so they must not share memory), weight is read. */
 template <DLDeviceType kDev>
 RowsArgs VerifyFusedAddRmsNorm(tvm::ffi::TensorView x, tvm::ffi::TensorView residual,
-                               tvm::ffi::TensorView weight) {
-  return VerifyRows<kDev>("fused_add_rms_norm", x, "x", residual, "residual", weight, /*b_written=*/true);
+                               tvm::ffi::TensorView weight, double eps) {
+  const RowsArgs args =
+      VerifyRows<kDev>("fused_add_rms_norm", x, "x", residual, "residual", weight, /*b_first=*/false, eps);
+  host::CheckNoAliasing("fused_add_rms_norm", {{x, "x"}, {residual, "residual"}}, {{weight, "weight"}});
+  return args;
 }
 
 }  // namespace mllm_kernel::rms_norm

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, op_specs
+from mllm_kernel.kernels.op_modules import DeviceModules, as_bool, custom_op, op_specs
 
 EXPORTS = ("apply_rope",)
 SPECS = op_specs(__file__, EXPORTS)
@@ -31,11 +31,7 @@ _errors = DeviceErrorRecord(
     "this call or an earlier unchecked one; that token's q/k were left unchanged)",
 )
 
-
-def pop_rope_error(device: torch.device | str | int | None = None) -> tuple[int, int] | None:
-    """See DeviceErrorRecord.pop: (index, value) of the first bad element recorded by a CUDA call
-    on `device` since the last read, or None; clears the record. Syncs the current stream."""
-    return _errors.pop(device)
+pop_rope_error = _errors.pop  # (index, value) of the first bad element recorded on a device, or None
 
 
 @custom_op("apply_rope", mutates_args=("q", "k"))
@@ -48,7 +44,7 @@ def _apply_rope(
     check_positions: bool,
 ) -> None:
     device = q.device
-    _modules[device.type].apply_rope(q, k, positions, cos_sin_cache, is_neox, _errors.buffer(device))
+    _modules[device.type].apply_rope(q, k, positions, cos_sin_cache, is_neox, _errors[device])
     if check_positions:
         _errors.raise_recorded(device, max_pos=cos_sin_cache.shape[0])
 
@@ -73,4 +69,7 @@ def apply_rope(
     q/k: float32/float16/bfloat16 (same dtype); any token stride (e.g. slices of a fused qkv
     tensor), heads and head_dim contiguous. check_positions: CUDA only, see the module doc.
     """
-    _apply_rope(q, k, positions, cos_sin_cache, bool(is_neox), bool(check_positions))
+    if type(is_neox) is not bool or type(check_positions) is not bool:  # a call costs a frame: only then
+        is_neox = as_bool("apply_rope", "is_neox", is_neox)
+        check_positions = as_bool("apply_rope", "check_positions", check_positions)
+    _apply_rope(q, k, positions, cos_sin_cache, is_neox, check_positions)

@@ -142,7 +142,8 @@ void LaunchRope(DLDevice device, T* q, T* k, const int64_t* positions, const flo
 inline void apply_rope(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView positions,
                        tvm::ffi::TensorView cos_sin_cache, bool is_neox, tvm::ffi::TensorView error) {
   using host::data_ptr;
-  const auto a = mllm_kernel::rope::VerifyApplyRope<kDLCUDA>(q, k, positions, cos_sin_cache, error);
+  const auto a =
+      mllm_kernel::rope::VerifyApplyRope<kDLCUDA>(q, k, positions, cos_sin_cache, error);
   if (a.empty()) return;  // a zero-block grid is an error
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
     rope_detail::LaunchRope(a.device, data_ptr<T>(q), data_ptr<T>(k),

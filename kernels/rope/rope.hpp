@@ -7,12 +7,14 @@
  * and dims contiguous; positions: int64 [T]; cos_sin_cache: float32 [max_pos, rot_dim] (cos in
  * the first rot_dim/2 columns, sin in the rest), rot_dim even and <= D; error: int64 [3], the
  * device-error record {flag, token, position} that CUDA fills for an out-of-range position.
- * All on one device.
+ * All on one device. q and k (written) have no internal overlap and share no memory with any
+ * other argument (mllm_kernel/overlap.hpp).
  */
 #ifndef MLLM_KERNEL_KERNELS_ROPE_HPP_
 #define MLLM_KERNEL_KERNELS_ROPE_HPP_
 
 #include <mllm_kernel/dispatch.hpp>
+#include <mllm_kernel/overlap.hpp>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.hpp>
 #include <tvm/ffi/container/tensor.h>
@@ -64,6 +66,11 @@ RopeArgs VerifyApplyRope(tvm::ffi::TensorView q, tvm::ffi::TensorView k,
   ValueCheck(args.rot_dim > 0 && args.rot_dim % 2 == 0 && args.rot_dim <= args.head_dim,
              "apply_rope: cos_sin_cache rot_dim (dim 1) must be even and in [2, head_dim=",
              args.head_dim, "], got ", args.rot_dim);
+  // q and k are rotated in place: each must reach every element through one index only (no
+  // expanded or too-small token stride) and share no memory with the other arguments. Disjoint
+  // slices of one fused qkv tensor pass (the test is exact for that layout).
+  CheckNoAliasing("apply_rope", {{q, "q"}, {k, "k"}},
+                  {{positions, "positions"}, {cos_sin_cache, "cos_sin_cache"}});
   return args;
 }
 

@@ -45,11 +45,14 @@ def _empty_tokens(x: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- custom ops
+# The bodies allocate inline rather than through _empty_tokens: one Python frame less per call.
 
 
 @custom_op("greedy_sample")
 def _greedy_op(logits: torch.Tensor) -> torch.Tensor:
-    out = _empty_tokens(logits)
+    if logits.dim() != 2:
+        raise ValueError(f"greedy_sample: logits must be 2-D [batch, vocab], got shape {tuple(logits.shape)}")
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
     _modules[logits.device.type].greedy_sample(out, logits)
     return out
 
@@ -63,7 +66,9 @@ def _(logits: torch.Tensor) -> torch.Tensor:
 def _top_k_top_p_op(
     logits: torch.Tensor, uniforms: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
-    out = _empty_tokens(logits)
+    if logits.dim() != 2:
+        raise ValueError(f"top_k_top_p_sample: logits must be 2-D [batch, vocab], got shape {tuple(logits.shape)}")
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
     _modules[logits.device.type].top_k_top_p_sample(out, logits, uniforms, top_k, top_p)
     return out
 
@@ -75,7 +80,9 @@ def _(logits, uniforms, top_k, top_p):
 
 @custom_op("min_p_sample")
 def _min_p_op(probs: torch.Tensor, uniforms: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    out = _empty_tokens(probs)
+    if probs.dim() != 2:
+        raise ValueError(f"min_p_sample: probs must be 2-D [batch, vocab], got shape {tuple(probs.shape)}")
+    out = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
     _modules[probs.device.type].min_p_sample(out, probs, uniforms, min_p)
     return out
 
@@ -112,7 +119,10 @@ def _scalar_in_range(value, op: str, name: str, low: float, low_inclusive: bool)
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{op}: {name} must be a float or a float32 tensor, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{op}: {name} = {value} is out of range for a float") from None
     ok_low = value >= low if low_inclusive else value > low
     if not (ok_low and value <= 1.0) or math.isnan(value):
         interval = f"{'[' if low_inclusive else '('}{low:g}, 1]"
@@ -120,49 +130,69 @@ def _scalar_in_range(value, op: str, name: str, low: float, low_inclusive: bool)
     return value
 
 
+# The smallest positive float32: a positive top_p below it would round to 0 in the kernels' float32
+# parameter; it keeps the top token only, exactly as any top_p below the top token's probability.
+_MIN_TOP_P = 2.0**-149
+
+
+def _top_k_top_p_params(logits: torch.Tensor, top_k, top_p) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scalar top_k / top_p checked and expanded to per-row tensors (tensors pass through)."""
+    batch = _check_rows(logits, "top_k_top_p_sample", "logits")
+    top_k = _scalar_top_k(top_k)
+    top_p = _scalar_in_range(top_p, "top_k_top_p_sample", "top_p", 0.0, low_inclusive=False)
+    if not isinstance(top_p, torch.Tensor):
+        top_p = max(top_p, _MIN_TOP_P)
+    return _per_row(top_k, batch, logits.device, torch.int64), _per_row(top_p, batch, logits.device, torch.float32)
+
+
+def _min_p_param(probs: torch.Tensor, min_p) -> torch.Tensor:
+    batch = _check_rows(probs, "min_p_sample", "probs")
+    min_p = _scalar_in_range(min_p, "min_p_sample", "min_p", 0.0, low_inclusive=True)
+    return _per_row(min_p, batch, probs.device, torch.float32)
+
+
+def _uniforms(op: str, name: str, x: torch.Tensor, generator) -> torch.Tensor:
+    """One float32 uniform in [0, 1) per row of x, from `generator` when given."""
+    batch = _check_rows(x, op, name)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"{op}: generator must be a torch.Generator or None, got {type(generator).__name__}")
+    return torch.rand(batch, generator=generator, device=x.device, dtype=torch.float32)
+
+
 # ----------------------------------------------------------------------------- public API
+# With per-row tensors (an engine's decode step), greedy_sample and the *_from_uniforms functions
+# reach the module in three Python frames; scalar parameters and drawing the uniforms add one each.
 
 
 def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
     """argmax of each row of logits [batch, vocab] -> int64 [batch]."""
-    _check_rows(logits, "greedy_sample", "logits")
     return _greedy_op(logits)
 
 
-def top_k_top_p_sample_from_uniforms(
-    logits: torch.Tensor, uniforms: torch.Tensor, top_k, top_p
-) -> torch.Tensor:
+def top_k_top_p_sample_from_uniforms(logits: torch.Tensor, uniforms: torch.Tensor, top_k, top_p) -> torch.Tensor:
     """top_k_top_p_sample with the float32 [batch] uniforms in [0, 1) given."""
-    batch = _check_rows(logits, "top_k_top_p_sample", "logits")
-    top_k = _scalar_top_k(top_k)
-    top_p = _scalar_in_range(top_p, "top_k_top_p_sample", "top_p", 0.0, low_inclusive=False)
-    return _top_k_top_p_op(
-        logits,
-        uniforms,
-        _per_row(top_k, batch, logits.device, torch.int64),
-        _per_row(top_p, batch, logits.device, torch.float32),
-    )
+    if type(top_k) is not torch.Tensor or type(top_p) is not torch.Tensor:
+        top_k, top_p = _top_k_top_p_params(logits, top_k, top_p)
+    return _top_k_top_p_op(logits, uniforms, top_k, top_p)
 
 
 def top_k_top_p_sample(logits: torch.Tensor, top_k, top_p, generator=None) -> torch.Tensor:
     """Sample one token per row of logits [batch, vocab] from softmax(logits) restricted by
     top-k (int or int64 [batch]; <= 0 disables) then top-p (float or float32 [batch] in (0, 1];
     1 disables). Returns int64 [batch]."""
-    batch = _check_rows(logits, "top_k_top_p_sample", "logits")
-    uniforms = torch.rand(batch, generator=generator, device=logits.device, dtype=torch.float32)
+    uniforms = _uniforms("top_k_top_p_sample", "logits", logits, generator)
     return top_k_top_p_sample_from_uniforms(logits, uniforms, top_k, top_p)
 
 
 def min_p_sample_from_uniforms(probs: torch.Tensor, uniforms: torch.Tensor, min_p) -> torch.Tensor:
     """min_p_sample with the float32 [batch] uniforms in [0, 1) given."""
-    batch = _check_rows(probs, "min_p_sample", "probs")
-    min_p = _scalar_in_range(min_p, "min_p_sample", "min_p", 0.0, low_inclusive=True)
-    return _min_p_op(probs, uniforms, _per_row(min_p, batch, probs.device, torch.float32))
+    if type(min_p) is not torch.Tensor:
+        min_p = _min_p_param(probs, min_p)
+    return _min_p_op(probs, uniforms, min_p)
 
 
 def min_p_sample(probs: torch.Tensor, min_p, generator=None) -> torch.Tensor:
     """Sample one token per row of probs [batch, vocab] (already normalized) among the tokens
     with p >= min_p * max(p) (min_p: float or float32 [batch] in [0, 1]). Returns int64 [batch]."""
-    batch = _check_rows(probs, "min_p_sample", "probs")
-    uniforms = torch.rand(batch, generator=generator, device=probs.device, dtype=torch.float32)
+    uniforms = _uniforms("min_p_sample", "probs", probs, generator)
     return min_p_sample_from_uniforms(probs, uniforms, min_p)

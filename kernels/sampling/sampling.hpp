@@ -5,12 +5,13 @@
  *
  * logits / probs: [batch, vocab] float32/float16/bfloat16, unit last stride, any row stride,
  * vocab > 0; out: int64 [batch]; per-row parameters: 1-D [batch] (uniforms, top_p, min_p
- * float32; top_k int64). All on one device.
+ * float32; top_k int64). All on one device; out (written) shares no memory with the others.
  */
 #ifndef MLLM_KERNEL_KERNELS_SAMPLING_HPP_
 #define MLLM_KERNEL_KERNELS_SAMPLING_HPP_
 
 #include <mllm_kernel/dispatch.hpp>
+#include <mllm_kernel/overlap.hpp>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.hpp>
 #include <tvm/ffi/container/tensor.h>
@@ -74,6 +75,7 @@ SampleArgs VerifyGreedySample(tvm::ffi::TensorView out, tvm::ffi::TensorView log
   SampleVerifier<kDev> v{"greedy_sample"};
   const SampleArgs args = v.Rows("logits", logits);
   v.Out(out);
+  host::CheckNoAliasing(v.op, {{out, "out"}}, {{logits, "logits"}});
   return args;
 }
 
@@ -88,6 +90,8 @@ SampleArgs VerifyTopKTopPSample(tvm::ffi::TensorView out, tvm::ffi::TensorView l
   v.template PerRow<float>("uniforms", uniforms);
   v.template PerRow<int64_t>("top_k", top_k);
   v.template PerRow<float>("top_p", top_p);
+  host::CheckNoAliasing(v.op, {{out, "out"}},
+                        {{logits, "logits"}, {uniforms, "uniforms"}, {top_k, "top_k"}, {top_p, "top_p"}});
   if constexpr (kDev == kDLCUDA) {
     host::ValueCheck(args.vocab <= 0x7fffffff, v.op, ": argument 'logits': vocab ", args.vocab,
                      " is over 2^31 - 1 (token counts are 32-bit)");
@@ -104,6 +108,7 @@ SampleArgs VerifyMinPSample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs
   v.Out(out);
   v.template PerRow<float>("uniforms", uniforms);
   v.template PerRow<float>("min_p", min_p);
+  host::CheckNoAliasing(v.op, {{out, "out"}}, {{probs, "probs"}, {uniforms, "uniforms"}, {min_p, "min_p"}});
   return args;
 }
 

@@ -3,6 +3,15 @@
 x: [..., vocab] float32 / float16 / bfloat16 on CPU or CUDA; the output has x's shape and
 dtype (contiguous). Accumulation is float32. The last dim must be contiguous; leading dims
 must collapse into one row dim without a copy (a row stride is fine).
+
+Temperature: any positive finite float (0, negative, NaN and inf raise ValueError). Both devices
+compute exp((x - max) / T) with the subtraction first, as (x/2 - max/2) * (2/T) in float32, so
+the row max's exponent is exactly 0 and every other one <= 0: finite logits never give NaN,
+small temperatures reach the limit T -> 0, the one-hot of the row max with ties split evenly
+(e.g. T = 1e-9, 1e-39, 5e-324), and huge ones the uniform row. 1/T saturates at 2^125, so
+temperatures below 2^-125 (~2.4e-38) act as 2^-125: only logits within ~1e-36 of the row max
+(an issue for denormal-sized logits alone) then keep a share of the max's weight. Rows with
++inf or only -inf logits give NaN, as in torch.
 """
 
 from __future__ import annotations
@@ -26,7 +35,8 @@ def _softmax(x: torch.Tensor, temperature: float) -> torch.Tensor:
     if x.dim() == 2:
         _modules[x.device.type].softmax(out, x, temperature)
     else:
-        _modules[x.device.type].softmax(rows_view("softmax", "out", out), rows_view("softmax", "x", x), temperature)
+        x2 = rows_view("softmax", "x", x)
+        _modules[x.device.type].softmax(rows_view("softmax", "out", out), x2, temperature)
     return out
 
 
@@ -41,7 +51,8 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
     if x.dim() == 2:
         _modules[x.device.type].log_softmax(out, x)
     else:
-        _modules[x.device.type].log_softmax(rows_view("log_softmax", "out", out), rows_view("log_softmax", "x", x))
+        x2 = rows_view("log_softmax", "x", x)
+        _modules[x.device.type].log_softmax(rows_view("log_softmax", "out", out), x2)
     return out
 
 

@@ -91,12 +91,16 @@ HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, floa
     vmax0 = hn::Max(vmax0, tail);
   }
   const float row_max = hn::ReduceMax(df, hn::Max(vmax0, vmax1));
-  // Shift by the scaled max: exp arguments are <= 0, no overflow.
-  const auto vs = hn::Set(df, inv_temp);
-  const auto vshift = hn::Set(df, row_max * inv_temp);
-  auto scaled = [&](hn::Vec<DF> v) { return hn::MulSub(v, vs, vshift); };
+  // z = (x - max) * s as (x/2 - max/2) * 2s (softmax.hpp, kMaxInvTemperature): subtracting
+  // first makes z exactly 0 at the max and <= 0 elsewhere for ANY temperature; the halves keep
+  // the difference finite. (x * s - max * s leaves the max a rounding error of |max * s| that
+  // exp amplifies to inf, and x * s overflows for tiny temperatures: NaN.)
+  const auto vhalf = hn::Set(df, 0.5f);
+  const auto vhalf_max = hn::Set(df, 0.5f * row_max);
+  const auto vs2 = hn::Set(df, 2.0f * inv_temp);
+  auto scaled = [&](hn::Vec<DF> v) { return hn::Mul(hn::MulSub(v, vhalf, vhalf_max), vs2); };
 
-  // Pass 2: sum of exp(x * s - max * s).
+  // Pass 2: sum of exp((x - max) * s).
   auto vsum0 = hn::Zero(df), vsum1 = hn::Zero(df);
   i = 0;
   for (; i + 2 * lanes <= n; i += 2 * lanes) {

@@ -36,17 +36,23 @@ using device::AlignedVector;
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float Exp(float x) { return device::exp2_approx(x * kLog2e); }
 
+// exp((x - max) / temperature) as 2^((x/2 - max/2) * scale2), scale2 = 2 log2(e) / temperature
+// (softmax.hpp, kMaxInvTemperature): the subtraction comes first, so the exponent is exactly 0
+// at the max and <= 0 elsewhere for any temperature; the halves keep it finite for any logits.
+__device__ __forceinline__ float ExpShifted(float x, float half_max, float scale2) {
+  return device::exp2_approx(fmaf(x, 0.5f, -half_max) * scale2);
+}
 
-// Adds a chunk (already scaled, chunk_max its max) to a running (max, sum of exp(v - max)).
+// Adds a chunk of raw logits (chunk_max its max) to a running (max, sum of exp((v - max) / T)).
 // One rescale per chunk instead of per element.
 __device__ __forceinline__ void OnlineUpdate(float& run_max, float& run_sum, float chunk_max,
-                                             const float* v, int n) {
+                                             const float* v, int n, float scale2) {
   const float new_max = fmaxf(run_max, chunk_max);
   if (new_max == -INFINITY) return;  // everything so far is -inf: contributes nothing
-  float s = run_max == -INFINITY ? 0.0f : run_sum * Exp(run_max - new_max);
-  for (int k = 0; k < n; ++k) s += Exp(v[k] - new_max);
+  const float half_max = 0.5f * new_max;
+  float s = run_max == -INFINITY ? 0.0f : run_sum * ExpShifted(run_max, half_max, scale2);
+  for (int k = 0; k < n; ++k) s += ExpShifted(v[k], half_max, scale2);
   run_max = new_max;
   run_sum = s;
 }
@@ -64,6 +70,7 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
   T* out_row = out + row * vocab;
   const int64_t num_vecs = vocab / kVec;  // the launcher guarantees vocab % kVec == 0
 
+  const float scale2 = inv_temp * (2.0f * kLog2e);  // see ExpShifted
   device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
   float run_max = -INFINITY, run_sum = 0.0f;
   for (int64_t v = threadIdx.x; v < num_vecs; v += blockDim.x) {
@@ -74,16 +81,18 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
     float chunk_max = -INFINITY;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      f[k] = device::to_float(in[k]) * inv_temp;
+      f[k] = device::to_float(in[k]);
       chunk_max = fmaxf(chunk_max, f[k]);
     }
-    OnlineUpdate(run_max, run_sum, chunk_max, f, kVec);
+    OnlineUpdate(run_max, run_sum, chunk_max, f, kVec, scale2);
   }
-  const float row_max = device::block_reduce_max(run_max);
-  const float part = (run_max == -INFINITY) ? 0.0f : run_sum * Exp(run_max - row_max);
+  const float row_max = device::block_reduce_max(run_max);  // of x; inv_temp > 0
+  const float half_max = 0.5f * row_max;
+  const float part = (run_max == -INFINITY) ? 0.0f : run_sum * ExpShifted(run_max, half_max, scale2);
   const float sum = device::block_reduce_sum(part);  // syncs: the cache is complete after it
   const float log_sum = logf(sum);
   const float inv_sum = 1.0f / sum;
+  const float inv_temp2 = 2.0f * inv_temp;
 
   for (int64_t v = threadIdx.x; v < num_vecs; v += blockDim.x) {
     Vec in;
@@ -95,8 +104,8 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
     Vec o;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      const float z = device::to_float(in[k]) * inv_temp - row_max;
-      o[k] = device::from_float<T>(kLog ? z - log_sum : Exp(z) * inv_sum);
+      const float z = fmaf(device::to_float(in[k]), 0.5f, -half_max);  // (x - max) / 2 <= 0
+      o[k] = device::from_float<T>(kLog ? z * inv_temp2 - log_sum : device::exp2_approx(z * scale2) * inv_sum);
     }
     o.store(out_row, v);
   }
@@ -104,7 +113,8 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
 }
 
 // Row-block path: thread x of a row holds vectors x, x + blockDim.x, ... of it in registers.
-// inv_temp > 0, so the max of x also gives the max of x * inv_temp.
+// inv_temp > 0, so the max of x also gives the max of x * inv_temp; z = x - max is scaled after
+// the subtraction, so the max's exponent is exactly 0 for any (finite, capped) inv_temp.
 template <typename T, int kVecs, bool kLog>
 __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinBlocks<T, kVecs>)
     SoftmaxRowKernel(T* __restrict__ out, const T* __restrict__ x, int64_t rows, int64_t vocab,
@@ -112,7 +122,8 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
   using Vec = AlignedVector<T, device::kVecSize<T>>;
   constexpr int N = Vec::kSize;
   const int nvec = static_cast<int>(vocab / N);
-  const float scale = inv_temp * kLog2e;  // exp(z * inv_temp) = 2^(z * scale)
+  const float scale2 = inv_temp * (2.0f * kLog2e);  // see ExpShifted
+  const float inv_temp2 = 2.0f * inv_temp;
   device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
   device::for_each_row_group(rows, [&](int64_t row, bool active) {
     Vec v[kVecs];
@@ -123,12 +134,11 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
       for (int i = 0; i < N; ++i) local_max = fmaxf(local_max, device::to_float(v[k][i]));
     });
     const float row_max = device::row_reduce<true>(local_max);
+    const float half_max = 0.5f * row_max;
     float local_sum = 0.0f;
     device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int) {
 #pragma unroll
-      for (int i = 0; i < N; ++i) {
-        local_sum += device::exp2_approx((device::to_float(v[k][i]) - row_max) * scale);
-      }
+      for (int i = 0; i < N; ++i) local_sum += ExpShifted(device::to_float(v[k][i]), half_max, scale2);
     });
     const float sum = device::row_reduce<false>(local_sum);
     const float log_sum = logf(sum), inv_sum = 1.0f / sum;
@@ -136,9 +146,10 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
       Vec o;
 #pragma unroll
       for (int i = 0; i < N; ++i) {
-        const float z = device::to_float(v[k][i]) - row_max;  // all -inf rows: NaN, as torch
-        o[i] = device::from_float<T>(kLog ? z * inv_temp - log_sum
-                                          : device::exp2_approx(z * scale) * inv_sum);
+        // (x - max) / 2 <= 0; all -inf rows: NaN, as torch.
+        const float z = fmaf(device::to_float(v[k][i]), 0.5f, -half_max);
+        o[i] = device::from_float<T>(kLog ? z * inv_temp2 - log_sum
+                                          : device::exp2_approx(z * scale2) * inv_sum);
       }
       o.store(out + row * vocab, j);
     });

@@ -4,12 +4,13 @@
  * CUDA (softmax.cuh) entry points.
  *
  * out: contiguous [rows, vocab]; x: [rows, vocab] with unit last stride and any row stride; one
- * dtype (float32/float16/bfloat16) and one device.
+ * dtype (float32/float16/bfloat16) and one device; out shares no memory with x.
  */
 #ifndef MLLM_KERNEL_KERNELS_SOFTMAX_HPP_
 #define MLLM_KERNEL_KERNELS_SOFTMAX_HPP_
 
 #include <mllm_kernel/dispatch.hpp>
+#include <mllm_kernel/overlap.hpp>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.hpp>
 #include <tvm/ffi/container/tensor.h>
@@ -34,25 +35,41 @@ SoftmaxArgs VerifySoftmax(const char* op, tvm::ffi::TensorView out, tvm::ffi::Te
   SymbolicSize rows{"rows"}, vocab{"vocab"}, x_stride{"x_row_stride"};
   SymbolicDType dtype{"dtype"};
   SymbolicDevice device{"device"};
-  TensorMatcher({rows, vocab})
-      .for_op(op)
-      .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
-      .with_device<kDev>(device)
-      .verify(out, "out");
+  // x first: a bad x is named as x, not as the out that the Python op allocated from it.
   TensorMatcher({rows, vocab})
       .for_op(op)
       .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
       .with_device<kDev>(device)
       .with_strides({x_stride, 1})
       .verify(x, "x");
+  TensorMatcher({rows, vocab})
+      .for_op(op)
+      .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
+      .with_device<kDev>(device)
+      .verify(out, "out");
+  CheckNoAliasing(op, {{out, "out"}}, {{x, "x"}});
   return {dtype.unwrap(), device.unwrap(), rows.unwrap(), vocab.unwrap(), x_stride.unwrap()};
 }
 
-/*! \brief 1 / temperature for softmax; temperature must be positive and finite. */
+/*!
+ * \brief The largest 1 / temperature the kernels use, 2^125.
+ *
+ * Both devices compute the exponent of x as z = (x/2 - max/2) * (2 / temperature): halving is
+ * exact (for normal floats) and keeps the difference finite even for logits spanning more than
+ * FLT_MAX, the subtraction comes first, so z is exactly 0 at the row max and <= 0 elsewhere, and
+ * 2 * 2^125 * log2(e) is still finite in float32. So any positive temperature gives a finite
+ * result: tiny ones the one-hot of the max (ties split evenly), huge ones the uniform row.
+ */
+inline constexpr float kMaxInvTemperature = 0x1p125f;
+
+/*! \brief 1 / temperature for softmax, saturated at kMaxInvTemperature (temperatures below 2^-125
+ * ~ 2.4e-38 act as 2^-125: only logits within ~1e-36 of the row max then keep a share of the
+ * max's weight); temperature must be positive and finite. */
 inline float InvTemperature(double temperature) {
   host::ValueCheck(temperature > 0.0 && std::isfinite(temperature),
                    "softmax: temperature must be a positive finite number, got ", temperature);
-  return static_cast<float>(1.0 / temperature);
+  const double inv = 1.0 / temperature;  // inf for denormal temperatures
+  return inv < static_cast<double>(kMaxInvTemperature) ? static_cast<float>(inv) : kMaxInvTemperature;
 }
 
 }  // namespace mllm_kernel::softmax

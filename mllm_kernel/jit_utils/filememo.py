@@ -142,7 +142,7 @@ def _memoized(path: str, kind: str, compute: Callable[[bytes], dict[str, Any]], 
     info = os.stat(path)
     key = f"{kind}:{path}"
     value = _lookup(key, stamp_of(info))
-    if value is not None and need in value:
+    if value is not None and isinstance(value.get("sha256"), str) and isinstance(value.get(need), (str, list)):
         return value
     with open(path, "rb") as file:
         data = file.read()
@@ -166,6 +166,9 @@ def _digest_and_includes(data: bytes) -> dict[str, Any]:
 def scan_source(path: str) -> tuple[str, list[list[str]]]:
     """(sha256 of the content, [[delimiter, spelled name] of each #include]) of a source file."""
     value = _memoized(path, "src", _digest_and_includes, "includes")
+    if not all(isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item) for item in value["includes"]):
+        with open(path, "rb") as file:  # a damaged memo entry: never trust it
+            value = _digest_and_includes(file.read())
     return value["sha256"], value["includes"]
 
 

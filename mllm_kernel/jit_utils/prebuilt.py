@@ -20,7 +20,7 @@ from typing import Any
 from . import compile, config, integrity
 
 MANIFEST_FILE = "manifest.json"
-MANIFEST_FORMAT = 2  # 2: entries carry size and sha256
+MANIFEST_FORMAT = 1  # entries carry "size" and "sha256"; one without them is never loaded
 
 _lock = threading.Lock()
 _manifests: dict[tuple[str, float], list[dict[str, Any]]] = {}

@@ -15,34 +15,38 @@ import threading
 import torch
 
 
-class DeviceErrorRecord:
+class DeviceErrorRecord(dict):
+    """`record[t.device]`: the int64 [3] buffer to pass to the kernel for tensors on that device
+    (a plain dict lookup once allocated; the first lookup per device allocates it, which must not
+    happen inside a CUDA graph capture). CPU devices get a dummy that no one reads."""
+
     def __init__(self, op: str, message: str):
         """`message` formats a recorded error: {index}, {value} and the keywords of raise_recorded."""
+        super().__init__()
         self.op = op
         self.message = message
-        self._buffers: dict[int, torch.Tensor] = {}
         self._lock = threading.Lock()
-        self._cpu = torch.zeros(3, dtype=torch.int64)  # passed to the CPU exports, never read
 
     @staticmethod
-    def _index(device: torch.device) -> int:
-        return device.index if device.index is not None else torch.cuda.current_device()
+    def _key(device: torch.device) -> torch.device:
+        if device.type == "cuda" and device.index is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        return device
 
-    def buffer(self, device: torch.device) -> torch.Tensor:
-        """The record for `device`, passed to the kernel. Allocated on first use, which must not
-        happen inside a CUDA graph capture."""
-        if device.type == "cpu":
-            return self._cpu
-        index = self._index(device)
+    def __missing__(self, device: torch.device) -> torch.Tensor:
+        key = self._key(device)
         with self._lock:
-            buffer = self._buffers.get(index)
+            buffer = dict.get(self, key)
             if buffer is None:
-                if torch.cuda.is_current_stream_capturing():
+                if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
                     raise RuntimeError(
-                        f"{self.op}: call it once on cuda:{index} before capturing a CUDA graph "
+                        f"{self.op}: call it once on {key} before capturing a CUDA graph "
                         "(the first call allocates its error flag buffer)"
                     )
-                buffer = self._buffers[index] = torch.zeros(3, dtype=torch.int64, device=device)
+                buffer = torch.zeros(3, dtype=torch.int64, device=key)
+                self[key] = buffer
+            if key != device:
+                self[device] = buffer
         return buffer
 
     def pop(self, device: torch.device | str | int | None = None) -> tuple[int, int] | None:
@@ -51,7 +55,7 @@ class DeviceErrorRecord:
         device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         if device.type == "cpu":
             return None
-        buffer = self._buffers.get(self._index(device))
+        buffer = dict.get(self, self._key(device))
         if buffer is None:
             return None
         flag, index, value = buffer.tolist()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ def op_specs(package_file: str, exports: Iterable[str]) -> dict[str, JitSpec]:
     """An op folder's SPECS by the kernels/<op>/ layout: <op>.cpp defines mllm_kernel::cpu::<name>
     and <op>.cuh mllm_kernel::gpu::<name> for each exported name. `package_file` is the package's
     __file__: the sources are its siblings, wherever the package lives (checkout or wheel)."""
-    folder = Path(package_file).resolve().parent
+    folder = Path(os.path.abspath(package_file)).parent  # not resolve(): under Bazel, stay in runfiles
     op = folder.name
     exports = tuple(exports)
     return {
@@ -73,6 +74,16 @@ class DeviceModules(dict):
         return module
 
 
+def as_bool(op: str, name: str, value: Any) -> bool:
+    """A flag argument: bool (or an int 0/1); anything else (e.g. the str "no", which bool()
+    would turn into True) is a TypeError naming the op and the argument."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__} {value!r}")
+
+
 def rows_view(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
     """t [..., n] as a [rows, n] view, never a copy (1-D: one row). The kernels check strides."""
     if t.dim() == 2:
@@ -109,6 +120,8 @@ def _expected_kind(annotation: Any) -> tuple[type, ...] | None:
 
 
 def _kind_name(kinds: tuple[type, ...]) -> str:
+    if float in kinds:
+        kinds = tuple(k for k in kinds if k is not int)  # an int is a float here; say "a float"
     names = {torch.Tensor: "a torch.Tensor", type(None): "None", float: "a float", int: "an int",
              bool: "a bool", str: "a str"}
     return " or ".join(dict.fromkeys(names[k] for k in kinds))
@@ -120,8 +133,9 @@ class ArgumentKinds:
     and the argument, and an int outside int64 a ValueError, instead of the AttributeError or
     OverflowError that the body happened to raise. Costs nothing on the success path."""
 
-    def __init__(self, op: str, fn: Callable[..., Any]):
+    def __init__(self, op: str, fn: Callable[..., Any], devices: Iterable[str] = ("cpu", "cuda")):
         self.op = op
+        self.devices = tuple(devices)
         self.params = [(p.name, _expected_kind(p.annotation)) for p in inspect.signature(fn).parameters.values()]
 
     def explain(self, args: tuple) -> Exception | None:
@@ -131,6 +145,9 @@ class ArgumentKinds:
                 continue
             if not isinstance(value, kinds) or (bool not in kinds and int in kinds and isinstance(value, bool)):
                 return TypeError(f"{self.op}: {name} must be {_kind_name(kinds)}, got {type(value).__name__}")
+            if isinstance(value, torch.Tensor) and value.device.type not in self.devices:
+                return ValueError(f"{self.op}: {name} is on unsupported device {str(value.device)!r}; expected a "
+                                  f"{' or '.join(self.devices)} tensor")
             if isinstance(value, float) and int not in kinds and not math.isfinite(value):
                 continue  # finite-ness is the op's business (it names the argument itself)
             if isinstance(value, int) and not isinstance(value, bool) and not _INT64[0] <= value <= _INT64[1]:
@@ -178,7 +195,7 @@ class CustomOp:
                 return self._op(*args)
             result = self._fn(*args)
         except UnsupportedDevice as error:
-            raise ValueError(f"{self.name}: {error}") from None
+            raise self._kinds.explain(args) or ValueError(f"{self.name}: {error}") from None
         except (AttributeError, TypeError, OverflowError, RuntimeError) as error:
             better = self._kinds.explain(args)
             if better is None:
@@ -201,4 +218,5 @@ def expect_tensor(op: str, name: str, value: Any, specs: Mapping[str, JitSpec]) 
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(value).__name__}")
     if value.device.type not in specs:
-        raise ValueError(f"{op}: unsupported device {value.device}; expected a {' or '.join(specs)} tensor")
+        raise ValueError(f"{op}: {name} is on unsupported device {str(value.device)!r}; expected a "
+                         f"{' or '.join(specs)} tensor")

@@ -3,6 +3,7 @@
  * \brief tvm-ffi module exercising TensorMatcher and the check helpers, one probe per
  *        failure kind, so tests/test_tensor_matcher.py can assert exception types and messages.
  */
+#include <mllm_kernel/overlap.hpp>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.hpp>
 #include <tvm/ffi/container/array.h>
@@ -173,8 +174,23 @@ int64_t ProbeTemplate(int64_t x) {
   return kNegate ? -(x + A) : x + A;
 }
 
+// ---- overlap.hpp ---------------------------------------------------------------
+// 0: no shared memory, 1: overlap (exact), 2: byte ranges intersect, layouts not exact.
+int64_t ProbeOverlapKind(TensorView a, TensorView b) { return OverlapKind(a, b); }
+
+// ValueError unless t (as a written argument) has no internal overlap.
+void ProbeInternalOverlap(TensorView t) { CheckNoInternalOverlap("probe_overlap", t, "t"); }
+
+// The aliasing contract of an op writing w0 and w1 and reading r0.
+void ProbeNoAliasing(TensorView w0, TensorView w1, TensorView r0) {
+  CheckNoAliasing("probe_aliasing", {{w0, "w0"}, {w1, "w1"}}, {{r0, "r0"}});
+}
+
 }  // namespace
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(probe_overlap_kind, ProbeOverlapKind);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(probe_internal_overlap, ProbeInternalOverlap);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(probe_no_aliasing, ProbeNoAliasing);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(probe_literal, ProbeLiteral);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(probe_symbolic, ProbeSymbolic);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(probe_unnamed, ProbeUnnamed);

@@ -125,6 +125,74 @@ def test_softmax_torch_compile_cpu():
     torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0)
 
 
+# ----------------------------------------------------------------------------- extreme temperatures
+# The limit T -> 0 of softmax(x / T) is the one-hot of the row max, ties split evenly; the kernels
+# reach it for every positive temperature (down to the smallest double) and never return NaN for
+# finite logits. Reference: (x - max) / T in float64 (dividing first overflows to inf - inf).
+
+
+def ref_softmax_limit(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    x = x.double().cpu()
+    return torch.softmax((x - x.amax(-1, keepdim=True)) / temperature, -1)
+
+
+TINY_TEMPERATURES = (1e-9, 1e-30, 1e-38, 1e-39, 1e-45, 5e-324)
+
+
+def check_small_temperatures(device: str, shape: tuple[int, int], dtype: torch.dtype) -> None:
+    x = make_logits(shape, dtype, device=device, seed=21, scale=20.0)
+    for temperature in TINY_TEMPERATURES:
+        out = softmax(x, temperature)
+        assert not out.isnan().any(), temperature
+        one_hot = torch.zeros(shape, dtype=torch.float64)
+        one_hot.scatter_(1, x.double().cpu().argmax(-1, keepdim=True), 1.0)
+        torch.testing.assert_close(ref_softmax_limit(x, temperature), one_hot)  # the limit is reached
+        check(out.cpu(), one_hot, dtype, TOL)
+
+
+def check_ties_and_extremes(device: str) -> None:
+    ties = torch.tensor([[1.0, 3.0, 3.0, 0.0], [-2.0, -2.0, -2.0, -2.0]], device=device)
+    for temperature in (1e-30, 5e-324):
+        expected = torch.tensor([[0.0, 0.5, 0.5, 0.0], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+        check(softmax(ties, temperature).cpu(), expected, torch.float32, TOL)
+    # Finite logits at float32's extremes, any temperature: finite probabilities summing to 1.
+    x = torch.tensor([[3.4e38, -3.4e38, 0.0, 3.3e38], [-3.4e38, -3.4e38, -3.39e38, 1e-45]], device=device)
+    for temperature in (5e-324, 1e-30, 1.0, 1e30, 1.7e308):
+        out = softmax(x, temperature)
+        assert out.isfinite().all(), (temperature, out)
+        check(out.cpu(), ref_softmax_limit(x, temperature), torch.float32, TOL)
+    # A huge temperature: uniform.
+    x = make_logits((2, 4), torch.float32, device=device, seed=22, scale=1e6)
+    check(softmax(x, 1e30).cpu(), torch.full((2, 4), 0.25, dtype=torch.float64), torch.float32, TOL)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_small_temperature_reaches_one_hot_cpu(dtype):
+    check_small_temperatures("cpu", (4, 1000), dtype)
+
+
+def test_softmax_ties_and_extreme_logits_cpu():
+    check_ties_and_extremes("cpu")
+
+
+# ----------------------------------------------------------------------------- CUDA
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ((4, 1000), (2, 151936)))  # row-block path, one block per row
+def test_softmax_small_temperature_reaches_one_hot_cuda(shape, dtype):
+    check_small_temperatures("cuda", shape, dtype)
+
+
+@requires_cuda
+def test_softmax_ties_and_extreme_logits_cuda():
+    check_ties_and_extremes("cuda")
+    long_ties = torch.full((2, 151936), -5.0, device="cuda")  # one block per row (online max/sum)
+    long_ties[:, 7] = long_ties[:, 100000] = 4.0
+    out = softmax(long_ties, 1e-40).cpu()
+    assert out[:, 7].eq(0.5).all() and out[:, 100000].eq(0.5).all() and out.sum().item() == 2.0
+
 # ----------------------------------------------------------------------------- CUDA
 
 

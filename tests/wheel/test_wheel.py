@@ -117,9 +117,10 @@ def test_expected_members(archive):
         "mllm_kernel/_vendor/highway/hwy/targets.cc",
         "mllm_kernel/_vendor/highway/hwy/abort.cc",
         "mllm_kernel/_prebuilt/manifest.json",
-        "mllm_kernel/kernels/add_constant/add_constant.py",
+        "mllm_kernel/kernels/add_constant/__init__.py",
+        "mllm_kernel/kernels/add_constant/add_constant.hpp",
         "mllm_kernel/kernels/add_constant/add_constant.cpp",
-        "mllm_kernel/kernels/add_constant/add_constant_simd.hpp",
+        "mllm_kernel/kernels/add_constant/add_constant-inl.h",
         "mllm_kernel/kernels/add_constant/add_constant.cuh",
     }
     assert expected <= names, sorted(expected - names)
@@ -216,7 +217,8 @@ CHECK_INSTALLED = """
     venv = Path(sys.prefix).resolve()
     for where in (mllm_kernel.__file__, config.include_root(), config.highway_root(), *config.prebuilt_manifests()):
         assert venv in Path(where).resolve().parents, f"{where} is not inside the venv {venv}"
-    assert [venv in p.resolve().parents for p in config.source_roots()] == [True], config.source_roots()
+    import mllm_kernel.kernels as kernels
+    assert [venv in Path(p).resolve().parents for p in kernels.__path__] == [True], kernels.__path__
 """
 
 
@@ -248,9 +250,9 @@ def test_jit_compiles_from_installed_sources(venv):
         pytest.skip("no C++ compiler on this machine")
     script = CHECK_INSTALLED + """
     from mllm_kernel.jit_utils import load_cpu_jit, JitSpec, make_cpp_args, prebuilt
-    from mllm_kernel.jit_utils.jit import resolve_source
-    source = "add_constant/add_constant.cpp"
-    assert venv in resolve_source(source).parents
+    import mllm_kernel.kernels.add_constant as add_constant_package
+    source = str(Path(add_constant_package.__file__).parent / "add_constant.cpp")
+    assert venv in Path(source).resolve().parents
     wrappers = [("add_constant", "mllm_kernel::cpu::add_constant<16>")]
     # A flag the prebuilt module lacks: same display name, new key, so it must be compiled here.
     spec = JitSpec(name="add_constant", device="cpu", cpp_args=make_cpp_args(16), cpp_files=(source,),

@@ -3,7 +3,7 @@
  * \brief Highway per-target helpers: load float / float16 / bfloat16 memory as float32 vectors
  * and store float32 vectors back (CPU kernels compute in float32).
  *
- * Include it from a kernel's *_simd.hpp (re-included once per SIMD target by foreach_target.h),
+ * Include it from a kernel's -inl.h (re-included once per SIMD target by foreach_target.h),
  * hence the toggling guard instead of #pragma once.
  */
 #if defined(MLLM_KERNEL_CPU_SIMD_IO_INL_H_) == defined(HWY_TARGET_TOGGLE)

@@ -1,0 +1,1155 @@
+"""Hostile inputs for every public op (issue 11): a generated table of bad arguments.
+
+Every public op of the registry (`mllm_kernel`'s top-level exports, plus the *_from_uniforms
+sampling variants) gets rows of bad arguments: wrong kinds (None, str, float, list for a tensor;
+a tensor, str or None for a number), wrong dtypes, ranks, shapes, strides (non-unit inner stride,
+transposed), overlapping / aliased written arguments, expanded (stride 0) written arguments,
+empty and meta tensors, huge ints (2**64) and non-finite floats. Each row says what must happen:
+
+  Raises(TypeError | ValueError, names)  the call raises exactly that type (TypeError for kinds
+                                         and dtypes, ValueError for values, shapes, strides,
+                                         devices and overlaps); the message names the op and
+                                         each of `names`; no byte of a written argument's storage
+                                         changed.
+  Succeeds(check)                        the call returns and its result (or the written
+                                         arguments) equals the reference computed on non-aliased
+                                         copies of the arguments.
+
+Each case runs in a subprocess worker (a long-lived `python -c` that reads case ids from a pipe
+and answers one JSON line each); a worker that dies (segfault, abort) or hangs is reported as
+that case's failure and restarted, and the run goes on. The test prints the counts and fails on
+any failure.
+
+Adding an op: write one `@table("<public name>")` generator below that yields its rows; the
+shared generators (tensor_kind_rows, dtype_rows, ...) cover the common argument kinds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+import mllm_kernel as mk
+from mllm_kernel import kernels as registry
+
+# ----------------------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True)
+class Raises:
+    exc: type[BaseException]
+    names: tuple[str, ...] = ()  # argument names the message must contain
+
+
+@dataclass(frozen=True)
+class Succeeds:
+    pass
+
+
+@dataclass
+class Row:
+    label: str
+    mutate: Callable[[dict[str, Any]], Any]  # edits the valid arguments in place
+    expect: Raises | Succeeds
+    reference: Callable[[dict[str, Any]], Any] | None = None  # overrides the op's reference
+
+
+@dataclass
+class OpSpec:
+    """One public op: how to call it, valid arguments and its reference."""
+
+    name: str  # the public function's name (the table key)
+    op: str  # the op name its messages start with
+    fn: Callable[..., Any]
+    valid: Callable[[], dict[str, Any]]  # fresh valid arguments, in the function's order
+    written: tuple[str, ...] = ()  # arguments the op writes in place
+    # reference(args) -> expected result, or for ops that write in place {name: expected tensor};
+    # args are non-aliased copies taken before the call.
+    reference: Callable[[dict[str, Any]], Any] | None = None
+    rows: list[Row] = field(default_factory=list)
+
+
+SPECS: dict[str, OpSpec] = {}
+GENERATORS: dict[str, Callable[[OpSpec], Iterator[Row]]] = {}
+
+
+def table(name: str):
+    """Registers the row generator of public op `name`."""
+
+    def register(gen):
+        GENERATORS[name] = gen
+        return gen
+
+    return register
+
+
+def seeded(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape, dtype=torch.float32, seed=0, scale=1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=seeded(seed)) * scale).to(dtype)
+
+
+# ----------------------------------------------------------------------------- shared generators
+# Each takes the argument name (and what it needs) and yields Rows; `a` in the lambdas is the
+# dict of valid arguments, edited in place.
+
+TYPE, VALUE = TypeError, ValueError
+
+
+def tensor_kind_rows(name: str) -> Iterator[Row]:
+    for label, bad in (("None", None), ("str", "tensor"), ("float", 1.5), ("list", [1.0, 2.0])):
+        yield Row(f"{name}: {label} for a tensor", lambda a, bad=bad: a.__setitem__(name, bad), Raises(TYPE, (name,)))
+
+
+def number_kind_rows(name: str, bad_value_kind: Any = "7") -> Iterator[Row]:
+    yield Row(f"{name}: tensor for a number", lambda a: a.__setitem__(name, torch.ones(1)), Raises(TYPE, (name,)))
+    yield Row(f"{name}: None for a number", lambda a: a.__setitem__(name, None), Raises(TYPE, (name,)))
+    yield Row(f"{name}: str for a number", lambda a: a.__setitem__(name, bad_value_kind), Raises(TYPE, (name,)))
+
+
+def dtype_rows(name: str, *dtypes: torch.dtype) -> Iterator[Row]:
+    for dtype in dtypes:
+        yield Row(f"{name}: dtype {dtype}", lambda a, d=dtype: a.__setitem__(name, a[name].to(d)), Raises(TYPE, (name,)))
+
+
+def rank_rows(name: str, any_rank: bool = False) -> Iterator[Row]:
+    """One dim more, one fewer and none (`any_rank`: [..., n] takes any rank >= 1, so only none)."""
+    if not any_rank:
+        yield Row(f"{name}: one dim more", lambda a: a.__setitem__(name, a[name].unsqueeze(-2)), Raises(VALUE, (name,)))
+        yield Row(f"{name}: one dim fewer", lambda a: a.__setitem__(name, a[name][0]), Raises(VALUE, (name,)))
+    yield Row(f"{name}: scalar", lambda a: a.__setitem__(name, a[name].reshape(-1)[0].clone()), Raises(VALUE, (name,)))
+
+
+def resize(t: torch.Tensor, dim: int, delta: int) -> torch.Tensor:
+    shape = list(t.shape)
+    shape[dim] += delta
+    out = torch.zeros(shape, dtype=t.dtype)
+    idx = tuple(slice(0, min(a, b)) for a, b in zip(t.shape, shape))
+    out[idx] = t[idx]
+    return out
+
+
+def shape_rows(name: str, *dims: int, names: tuple[str, ...] | None = None) -> Iterator[Row]:
+    """Dim `d` one larger: a mismatch with another argument (messages name both)."""
+    for d in dims:
+        yield Row(f"{name}: dim {d} + 1", lambda a, d=d: a.__setitem__(name, resize(a[name], d, 1)),
+                  Raises(VALUE, names or (name,)))
+
+
+def non_unit_inner(t: torch.Tensor) -> torch.Tensor:
+    """Same shape and values, last-dim stride 2."""
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
+def transposed(t: torch.Tensor) -> torch.Tensor:
+    """Same shape and values, column-major in the last two dims."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def stride_rows(name: str, inner: bool = True, transpose: bool = True) -> Iterator[Row]:
+    if inner:
+        yield Row(f"{name}: inner stride 2", lambda a: a.__setitem__(name, non_unit_inner(a[name])), Raises(VALUE, (name,)))
+    if transpose:
+        yield Row(f"{name}: transposed", lambda a: a.__setitem__(name, transposed(a[name])), Raises(VALUE, (name,)))
+
+
+def expanded(t: torch.Tensor) -> torch.Tensor:
+    """Dim 0 expanded from one entry (stride 0): every row is the same memory."""
+    return t[:1].expand(t.shape)
+
+
+def expanded_rows(name: str) -> Iterator[Row]:
+    yield Row(f"{name}: expanded (stride 0) dim 0", lambda a: a.__setitem__(name, expanded(a[name])), Raises(VALUE, (name,)))
+
+
+def meta_rows(name: str) -> Iterator[Row]:
+    yield Row(f"{name}: meta tensor", lambda a: a.__setitem__(name, a[name].to("meta")), Raises(VALUE, (name,)))
+
+
+def float_value_rows(name: str, bad: tuple[float, ...] = (math.nan, math.inf, -math.inf)) -> Iterator[Row]:
+    for value in bad:
+        yield Row(f"{name} = {value!r}", lambda a, v=value: a.__setitem__(name, v), Raises(VALUE, (name,)))
+
+
+def huge_int_rows(name: str) -> Iterator[Row]:
+    for value in (2**64, -(2**64)):
+        yield Row(f"{name} = {value}", lambda a, v=value: a.__setitem__(name, v), Raises(VALUE, (name,)))
+
+
+def index_value_rows(name: str, values: tuple[int, ...], at: int = 0) -> Iterator[Row]:
+    """Entry `at` of the int tensor `name` set to each bad value (out of range)."""
+
+    def set_entry(a, v):
+        t = a[name].clone()
+        t[at] = v
+        a[name] = t
+
+    for value in values:
+        yield Row(f"{name}[{at}] = {value}", lambda a, v=value: set_entry(a, v), Raises(VALUE, (name,)))
+
+
+def common_tensor_rows(name: str, bad_dtypes: tuple[torch.dtype, ...], strides: bool = True,
+                       any_rank: bool = False) -> Iterator[Row]:
+    yield from tensor_kind_rows(name)
+    yield from dtype_rows(name, *bad_dtypes)
+    yield from rank_rows(name, any_rank)
+    yield from meta_rows(name)
+    if strides:
+        yield from stride_rows(name)
+
+
+FLOAT_BAD = (torch.float64, torch.int32)  # dtypes no float kernel takes
+INDEX_BAD = (torch.float32, torch.int16)  # dtypes no index argument takes
+
+
+def succeeds(label: str, mutate: Callable[[dict[str, Any]], Any], reference=None) -> Row:
+    return Row(label, mutate, Succeeds(), reference)
+
+
+def raises(label: str, mutate: Callable[[dict[str, Any]], Any], exc: type[BaseException], *names: str) -> Row:
+    return Row(label, mutate, Raises(exc, names))
+
+
+def setter(**values) -> Callable[[dict[str, Any]], None]:
+    return lambda a: a.update(values)
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def ref(module: str, name: str) -> Callable[..., Any]:
+    return getattr(registry.cases(module), name)
+
+
+# ----------------------------------------------------------------------------- rms_norm
+
+
+def _rms_norm_spec() -> OpSpec:
+    return OpSpec(
+        "rms_norm", "rms_norm", mk.rms_norm,
+        valid=lambda: {"x": randn(4, 64), "weight": randn(64, seed=1), "eps": 1e-6},
+        reference=lambda a: ref("rms_norm", "ref_rms_norm")(a["x"], a["weight"], a["eps"]),
+    )
+
+
+def zero_rows(a):
+    """The documented result of an all-zero row with eps = 0: zeros (x and, fused, residual)."""
+    if "residual" in a:
+        r = (a["x"] + a["residual"])
+        return {"x": torch.zeros_like(r), "residual": r}
+    return torch.zeros_like(a["x"])
+
+
+def norm_eps_rows() -> Iterator[Row]:
+    yield from number_kind_rows("eps")
+    yield from float_value_rows("eps", (math.nan, math.inf, -math.inf, -1e-6))
+    yield raises("eps = 2**64 (a huge int)", setter(eps=2**64), VALUE, "eps")
+    # eps = 0 on an all-zero row: documented result 0 (nothing to scale), never 0 * inf = NaN.
+    yield succeeds("eps = 0 on all-zero rows", lambda a: (a.update(eps=0.0), a["x"].zero_(), a.get("residual", a["x"]).zero_()),
+                   reference=zero_rows)
+    yield succeeds("eps = 0, tiny rows (1e-18)", lambda a: (a.update(eps=0.0), a["x"].mul_(1e-18)))
+
+
+@table("rms_norm")
+def rms_norm_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from common_tensor_rows("x", FLOAT_BAD, any_rank=True)
+    yield from common_tensor_rows("weight", FLOAT_BAD, strides=False)
+    yield from stride_rows("weight", transpose=False)
+    yield from shape_rows("x", 1, names=("weight", "x"))
+    yield from shape_rows("weight", 0, names=("weight",))
+    yield raises("weight float16, x float32", lambda a: a.update(weight=a["weight"].half()), TYPE, "weight")
+    yield from norm_eps_rows()
+    yield succeeds("x empty rows", lambda a: a.update(x=torch.empty(0, 64)))
+    yield succeeds("x 3-D", lambda a: a.update(x=randn(2, 2, 64)))
+    yield succeeds("x row stride 80 (a slice)", lambda a: a.update(x=randn(4, 80)[:, :64]))
+    yield succeeds("x expanded (read only)", lambda a: a.update(x=expanded(a["x"])))
+    yield succeeds("weight is a view of x (both read)", lambda a: a.update(weight=a["x"][1]))
+
+
+# ----------------------------------------------------------------------------- fused_add_rms_norm
+
+
+def _fused_spec() -> OpSpec:
+    def reference(a):
+        x, r = ref("rms_norm", "ref_fused")(a["x"], a["residual"], a["weight"], a["eps"])
+        return {"x": x, "residual": r}
+
+    return OpSpec(
+        "fused_add_rms_norm", "fused_add_rms_norm", mk.fused_add_rms_norm,
+        valid=lambda: {"x": randn(4, 64), "residual": randn(4, 64, seed=2), "weight": randn(64, seed=1), "eps": 1e-6},
+        written=("x", "residual"),
+        reference=reference,
+    )
+
+
+def interleaved(rows: int, n: int, parts: int, seed: int = 0) -> list[torch.Tensor]:
+    """`parts` [rows, n] views of one [rows, parts * n] tensor: disjoint, one row stride."""
+    base = randn(rows, parts * n, seed=seed)
+    return [base[:, i * n:(i + 1) * n] for i in range(parts)]
+
+
+@table("fused_add_rms_norm")
+def fused_rows(spec: OpSpec) -> Iterator[Row]:
+    for name in ("x", "residual"):
+        yield from common_tensor_rows(name, FLOAT_BAD, any_rank=True)
+        yield from expanded_rows(name)
+    yield from tensor_kind_rows("weight")
+    yield from dtype_rows("weight", *FLOAT_BAD)
+    yield from meta_rows("weight")
+    yield from shape_rows("residual", 0, 1, names=("residual",))
+    yield from shape_rows("weight", 0, names=("weight",))
+    yield from norm_eps_rows()
+
+    # Aliasing: both x and residual are written; weight is read while x is written.
+    yield raises("residual is x", lambda a: a.update(residual=a["x"]), VALUE, "x", "residual")
+    base = lambda: randn(6, 64, seed=3)  # noqa: E731
+
+    def overlapping(a):
+        b = base()
+        a.update(x=b[:4], residual=b[2:])
+
+    yield raises("x and residual overlap by two rows", overlapping, VALUE, "x", "residual")
+
+    def shifted(a):  # same rows, shifted by one element: overlapping but never the same address
+        b = randn(4 * 64 + 1, seed=3)
+        a.update(x=b[:256].view(4, 64), residual=b[1:].view(4, 64))
+
+    yield raises("residual is x shifted by one element", shifted, VALUE, "x", "residual")
+    yield raises("weight is a view of x", lambda a: a.update(weight=a["x"][0]), VALUE, "x", "weight")
+    yield raises("weight is a view of residual", lambda a: a.update(weight=a["residual"][3]), VALUE, "residual", "weight")
+
+    def in_gap(a):  # weight in the gap between x's rows: the byte ranges intersect, no overlap
+        b = randn(4, 128, seed=4)
+        a.update(x=b[:, :64], weight=b[1, 64:])
+
+    yield succeeds("weight in the row gaps of x (disjoint)", in_gap)
+
+    def halves(a):
+        x, r = interleaved(4, 64, 2, seed=5)
+        a.update(x=x, residual=r)
+
+    yield succeeds("x and residual interleaved halves of one tensor", halves)
+
+    def halves_weight(a):
+        x, r, w = interleaved(4, 64, 3, seed=6)
+        a.update(x=x, residual=r, weight=w[2])
+
+    yield succeeds("x, residual and weight interleaved thirds of one tensor", halves_weight)
+    yield succeeds("x empty rows", lambda a: a.update(x=torch.empty(0, 64), residual=torch.empty(0, 64)))
+    yield succeeds("x 3-D", lambda a: a.update(x=randn(2, 2, 64), residual=randn(2, 2, 64, seed=7)))
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def _act_spec(name: str) -> OpSpec:
+    if name == "silu_and_mul":
+        valid = lambda: {"x": randn(4, 128)}  # noqa: E731
+        reference = lambda a: ref("activation", "ref_silu_and_mul")(a["x"])  # noqa: E731
+    else:
+        valid = lambda: {"x": randn(4, 128), "approximate": "none"}  # noqa: E731
+        reference = lambda a: ref("activation", "ref_gelu_and_mul")(a["x"], a["approximate"])  # noqa: E731
+    return OpSpec(name, name, getattr(mk, name), valid=valid, reference=reference)
+
+
+def act_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from common_tensor_rows("x", FLOAT_BAD, any_rank=True)
+    yield raises("x odd last dim", lambda a: a.update(x=randn(4, 127)), VALUE, "x")
+    yield raises("x 0-dim", lambda a: a.update(x=torch.tensor(1.0)), VALUE, "x")
+    yield succeeds("x empty rows", lambda a: a.update(x=torch.empty(0, 128)))
+    yield succeeds("x empty last dim", lambda a: a.update(x=torch.empty(3, 0)))
+    yield succeeds("x row stride 160 (a slice)", lambda a: a.update(x=randn(4, 160)[:, :128]))
+    yield succeeds("x 3-D", lambda a: a.update(x=randn(2, 3, 128)))
+    yield succeeds("x expanded (read only)", lambda a: a.update(x=expanded(a["x"])))
+    yield succeeds("x 1-D", lambda a: a.update(x=randn(128)))
+    # Huge gates (the products stay inside float32): never NaN, e.g. from erf or exp overflow.
+    yield succeeds("x huge gates (1e30)", lambda a: a.update(x=torch.cat([randn(4, 64, scale=1e30), torch.ones(4, 64)], 1)))
+
+
+table("silu_and_mul")(act_rows)
+
+
+@table("gelu_and_mul")
+def gelu_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from act_rows(spec)
+    yield raises("approximate = 'fast'", setter(approximate="fast"), VALUE, "approximate")
+    yield raises("approximate = None", setter(approximate=None), TYPE, "approximate")
+    yield raises("approximate = 1", setter(approximate=1), TYPE, "approximate")
+    yield succeeds("approximate = 'tanh'", setter(approximate="tanh"))
+
+
+# ----------------------------------------------------------------------------- softmax
+
+
+def _softmax_spec(name: str) -> OpSpec:
+    if name == "softmax":
+        valid = lambda: {"x": randn(4, 64, scale=3.0), "temperature": 1.0}  # noqa: E731
+        reference = lambda a: ref("softmax", "ref_softmax")(a["x"], a["temperature"])  # noqa: E731
+    else:
+        valid = lambda: {"x": randn(4, 64, scale=3.0)}  # noqa: E731
+        reference = lambda a: ref("softmax", "ref_log_softmax")(a["x"])  # noqa: E731
+    return OpSpec(name, name, getattr(mk, name), valid=valid, reference=reference)
+
+
+def softmax_common_rows() -> Iterator[Row]:
+    yield from common_tensor_rows("x", FLOAT_BAD, any_rank=True)
+    yield raises("x 0-dim", lambda a: a.update(x=torch.tensor(1.0)), VALUE, "x")
+    yield succeeds("x empty rows", lambda a: a.update(x=torch.empty(0, 64)))
+    yield succeeds("x 3-D", lambda a: a.update(x=randn(2, 3, 64)))
+    yield succeeds("x 1-D", lambda a: a.update(x=randn(64)))
+    yield succeeds("x row stride 80 (a slice)", lambda a: a.update(x=randn(4, 80)[:, :64]))
+    yield succeeds("x expanded (read only)", lambda a: a.update(x=expanded(a["x"])))
+    yield succeeds("x huge logits (1e30)", lambda a: a.update(x=randn(4, 64, scale=1e30)))
+    yield succeeds("x all equal", lambda a: a.update(x=torch.full((4, 64), 3.0)))
+
+
+def softmax_limit(a) -> torch.Tensor:
+    """softmax(x / T) in float64 with the max subtracted before dividing: exact for any T > 0,
+    the one-hot of the max (ties split evenly) when T -> 0."""
+    x = a["x"].double()
+    return torch.softmax((x - x.amax(-1, keepdim=True)) / a["temperature"], -1)
+
+
+@table("softmax")
+def softmax_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from softmax_common_rows()
+    yield from number_kind_rows("temperature")
+    yield from float_value_rows("temperature", (math.nan, math.inf, -math.inf, 0.0, -1.0))
+    yield raises("temperature = 2**64 (a huge int)", setter(temperature=2**64), VALUE, "temperature")
+    # The limit T -> 0 is the one-hot of the row max (ties split evenly); never NaN.
+    for t in (1e-9, 1e-30, 1e-39, 5e-324):
+        yield succeeds(f"temperature = {t!r} (-> one-hot of the max)",
+                       lambda a, t=t: a.update(x=randn(4, 64, scale=20.0), temperature=t), reference=softmax_limit)
+    yield succeeds("temperature = 1e-30, ties at the max",
+                   lambda a: a.update(x=torch.tensor([[1.0, 3.0, 3.0, 0.0]]), temperature=1e-30), reference=softmax_limit)
+    yield succeeds("temperature = 1e30", setter(temperature=1e30), reference=softmax_limit)
+
+
+@table("log_softmax")
+def log_softmax_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from softmax_common_rows()
+
+
+# ----------------------------------------------------------------------------- sampling
+
+SAMPLE_VOCAB = 64
+
+
+def _logits(seed=0):
+    return randn(4, SAMPLE_VOCAB, seed=seed, scale=3.0)
+
+
+def _probs(seed=0):
+    return torch.softmax(randn(4, SAMPLE_VOCAB, seed=seed, scale=3.0), -1)
+
+
+def _uniforms(seed=9):
+    return torch.rand(4, generator=seeded(seed))
+
+
+def _sample_spec(name: str) -> OpSpec:
+    cases = lambda: registry.cases("sampling")  # noqa: E731
+
+    def kept(a) -> torch.Tensor:
+        if name.startswith("top_k"):
+            k, p = a["top_k"], a["top_p"]
+            k = int(k) if not isinstance(k, torch.Tensor) else int(k[0])
+            p = float(p) if not isinstance(p, torch.Tensor) else float(p[0])
+            k = a["logits"].shape[-1] if k <= 0 or k > a["logits"].shape[-1] else k
+            return cases().ref_top_k_top_p_weights(a["logits"], k, p)
+        p = a["min_p"] if not isinstance(a["min_p"], torch.Tensor) else float(a["min_p"][0])
+        return cases().ref_min_p_weights(a["probs"], p)
+
+    def reference(a):
+        if name == "greedy_sample":
+            return a["logits"].double().argmax(-1)
+        if name.endswith("_from_uniforms"):
+            return cases().ref_pick(kept(a), a["uniforms"])
+        return ("member of", kept(a) > 0)  # the generator's uniforms: any kept token
+
+    if name == "greedy_sample":
+        valid = lambda: {"logits": _logits()}  # noqa: E731
+    elif name == "top_k_top_p_sample":
+        valid = lambda: {"logits": _logits(), "top_k": 10, "top_p": 0.9, "generator": seeded(3)}  # noqa: E731
+    elif name == "top_k_top_p_sample_from_uniforms":
+        valid = lambda: {"logits": _logits(), "uniforms": _uniforms(), "top_k": 10, "top_p": 0.9}  # noqa: E731
+    elif name == "min_p_sample":
+        valid = lambda: {"probs": _probs(), "min_p": 0.1, "generator": seeded(3)}  # noqa: E731
+    else:
+        valid = lambda: {"probs": _probs(), "uniforms": _uniforms(), "min_p": 0.1}  # noqa: E731
+    op = name.removesuffix("_from_uniforms")
+    return OpSpec(name, op, getattr(mk, name, None) or getattr(registry.package("sampling"), name),
+                  valid=valid, reference=reference)
+
+
+def sample_rows_rows(name: str) -> Iterator[Row]:
+    """The [batch, vocab] scores argument."""
+    yield from tensor_kind_rows(name)
+    yield from dtype_rows(name, *FLOAT_BAD)
+    yield from meta_rows(name)
+    yield raises(f"{name} 1-D", lambda a: a.update({name: a[name][0]}), VALUE, name)
+    yield raises(f"{name} 3-D", lambda a: a.update({name: a[name].unsqueeze(0)}), VALUE, name)
+    yield raises(f"{name} empty vocab", lambda a: a.update({name: torch.empty(4, 0)}), VALUE, name)
+    yield from stride_rows(name)
+    yield succeeds(f"{name} row stride 80 (a slice)", lambda a: a.update({name: torch.cat([a[name], a[name][:, :16]], 1)[:, :SAMPLE_VOCAB]}))
+
+
+def uniforms_rows() -> Iterator[Row]:
+    yield from tensor_kind_rows("uniforms")
+    yield from dtype_rows("uniforms", torch.float64, torch.float16)
+    yield from meta_rows("uniforms")
+    yield raises("uniforms [batch + 1]", lambda a: a.update(uniforms=torch.rand(5)), VALUE, "uniforms")
+    yield raises("uniforms [batch, 1]", lambda a: a.update(uniforms=a["uniforms"].unsqueeze(1)), VALUE, "uniforms")
+    yield raises("uniforms inner stride 2", lambda a: a.update(uniforms=non_unit_inner(a["uniforms"])), VALUE, "uniforms")
+    for value in (1.0, -0.5, math.nan, math.inf):
+        yield raises(f"uniforms[1] = {value}", lambda a, v=value: a["uniforms"].__setitem__(1, v), VALUE, "uniforms")
+    yield succeeds("uniforms all 0", lambda a: a["uniforms"].zero_())
+    yield succeeds("uniforms just below 1", lambda a: a["uniforms"].fill_(1 - 2**-24))
+
+
+def generator_rows() -> Iterator[Row]:
+    yield raises("generator = 'seed'", setter(generator="seed"), TYPE, "generator")
+    yield raises("generator = 42", setter(generator=42), TYPE, "generator")
+    yield succeeds("generator = None", setter(generator=None))
+
+
+def top_k_top_p_param_rows() -> Iterator[Row]:
+    yield raises("top_k = None", setter(top_k=None), TYPE, "top_k")
+    yield raises("top_k = '5'", setter(top_k="5"), TYPE, "top_k")
+    yield raises("top_k = 2.5", setter(top_k=2.5), VALUE, "top_k")
+    yield from huge_int_rows("top_k")
+    yield raises("top_k float32 tensor", setter(top_k=torch.full((4,), 5.0)), TYPE, "top_k")
+    yield raises("top_k int64 [batch + 1]", setter(top_k=torch.full((5,), 5)), VALUE, "top_k")
+    yield raises("top_k meta tensor", setter(top_k=torch.full((4,), 5, device="meta")), VALUE, "top_k")
+    yield raises("top_p = None", setter(top_p=None), TYPE, "top_p")
+    yield raises("top_p = 'all'", setter(top_p="all"), TYPE, "top_p")
+    yield from float_value_rows("top_p", (math.nan, math.inf, -math.inf, 0.0, -0.5, 1.5))
+    yield raises("top_p = 10**400 (an int no float holds)", setter(top_p=10**400), VALUE, "top_p")
+    yield raises("top_p float64 tensor", setter(top_p=torch.full((4,), 0.5, dtype=torch.float64)), TYPE, "top_p")
+    yield raises("top_p tensor with a NaN", setter(top_p=torch.tensor([0.5, math.nan, 0.5, 0.5])), VALUE, "top_p")
+    yield raises("top_p tensor with 0", setter(top_p=torch.tensor([0.5, 0.0, 0.5, 0.5])), VALUE, "top_p")
+    yield succeeds("top_k = 0 (disabled)", setter(top_k=0))
+    yield succeeds("top_k = -5 (disabled)", setter(top_k=-5))
+    yield succeeds("top_k = 1 (greedy)", setter(top_k=1))
+    yield succeeds("top_k > vocab", setter(top_k=10**6))
+    yield succeeds("top_k = 2**63 - 1", setter(top_k=2**63 - 1))
+    yield succeeds("top_p = 1e-30 (top token only)", setter(top_p=1e-30))
+    yield succeeds("top_p = 5e-324 (top token only)", setter(top_p=5e-324))
+    yield succeeds("top_p = 1 (disabled)", setter(top_p=1.0))
+    yield succeeds("top_k, top_p per-row tensors", setter(top_k=torch.full((4,), 7), top_p=torch.full((4,), 0.5)))
+
+
+def min_p_param_rows() -> Iterator[Row]:
+    yield raises("min_p = None", setter(min_p=None), TYPE, "min_p")
+    yield raises("min_p = 'low'", setter(min_p="low"), TYPE, "min_p")
+    yield from float_value_rows("min_p", (math.nan, math.inf, -math.inf, -0.1, 1.5))
+    yield raises("min_p = 10**400 (an int no float holds)", setter(min_p=10**400), VALUE, "min_p")
+    yield raises("min_p float64 tensor", setter(min_p=torch.full((4,), 0.5, dtype=torch.float64)), TYPE, "min_p")
+    yield raises("min_p tensor with a NaN", setter(min_p=torch.tensor([0.5, math.nan, 0.5, 0.5])), VALUE, "min_p")
+    yield raises("min_p tensor with 2", setter(min_p=torch.tensor([0.5, 2.0, 0.5, 0.5])), VALUE, "min_p")
+    yield succeeds("min_p = 0 (keeps all)", setter(min_p=0.0))
+    yield succeeds("min_p = 1 (keeps the max)", setter(min_p=1.0))
+    yield succeeds("min_p = 1, ties at the max", lambda a: a.update(min_p=1.0, probs=torch.tensor([[0.4, 0.1, 0.4, 0.1]] * 4)))
+    yield succeeds("min_p = 5e-324", setter(min_p=5e-324))
+
+
+@table("greedy_sample")
+def greedy_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from sample_rows_rows("logits")
+    yield succeeds("logits all equal (ties -> index 0)", lambda a: a.update(logits=torch.zeros(4, SAMPLE_VOCAB)))
+    yield succeeds("logits empty batch", lambda a: a.update(logits=torch.empty(0, SAMPLE_VOCAB)))
+    yield succeeds("logits -inf everywhere", lambda a: a.update(logits=torch.full((4, SAMPLE_VOCAB), -math.inf)))
+
+
+@table("top_k_top_p_sample")
+def top_k_top_p_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from sample_rows_rows("logits")
+    yield from top_k_top_p_param_rows()
+    yield from generator_rows()
+
+
+@table("top_k_top_p_sample_from_uniforms")
+def top_k_top_p_uniform_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from sample_rows_rows("logits")
+    yield from top_k_top_p_param_rows()
+    yield from uniforms_rows()
+
+
+@table("min_p_sample")
+def min_p_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from sample_rows_rows("probs")
+    yield from min_p_param_rows()
+    yield from generator_rows()
+
+
+@table("min_p_sample_from_uniforms")
+def min_p_uniform_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from sample_rows_rows("probs")
+    yield from min_p_param_rows()
+    yield from uniforms_rows()
+
+
+# ----------------------------------------------------------------------------- apply_rope
+
+ROPE_MAX_POS, ROPE_ROT = 16, 16
+
+
+def _rope_cache(max_pos=ROPE_MAX_POS, rot=ROPE_ROT) -> torch.Tensor:
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], -1).float()
+
+
+def _rope_spec() -> OpSpec:
+    def reference(a):
+        rope = ref("rope", "ref_rope")
+        rot = a["cos_sin_cache"].shape[1]
+        return {name: rope(a[name], a["positions"], a["cos_sin_cache"], rot, a["is_neox"]).to(a[name].dtype)
+                for name in ("q", "k")}
+
+    return OpSpec(
+        "apply_rope", "apply_rope", mk.apply_rope,
+        valid=lambda: {"q": randn(3, 4, 16), "k": randn(3, 2, 16, seed=1), "positions": torch.tensor([0, 5, 15]),
+                       "cos_sin_cache": _rope_cache(), "is_neox": True, "check_positions": False},
+        written=("q", "k"),
+        reference=reference,
+    )
+
+
+def qkv(tokens=3, heads=4, kv_heads=2, dim=16, seed=0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as slices of one fused [T, (H + 2 KH) * D] tensor (token stride (H + 2 KH) * D)."""
+    fused = randn(tokens, (heads + 2 * kv_heads) * dim, seed=seed)
+    q = fused[:, : heads * dim].view(tokens, heads, dim)
+    k = fused[:, heads * dim: (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v = fused[:, (heads + kv_heads) * dim:].view(tokens, kv_heads, dim)
+    return q, k, v
+
+
+@table("apply_rope")
+def rope_rows(spec: OpSpec) -> Iterator[Row]:
+    for name in ("q", "k"):
+        yield from common_tensor_rows(name, FLOAT_BAD)
+        yield from expanded_rows(name)
+        yield raises(f"{name} token stride < heads * head_dim",
+                     lambda a, n=name: a.update({n: a[n].as_strided(a[n].shape, (16, 16, 1))}), VALUE, name)
+        yield raises(f"{name} heads expanded (stride 0)",
+                     lambda a, n=name: a.update({n: a[n][:, :1].expand(a[n].shape)}), VALUE, name)
+    yield raises("k float16, q float32", lambda a: a.update(k=a["k"].half()), TYPE, "k")
+    yield from shape_rows("k", 0, 2, names=("k",))
+    yield from common_tensor_rows("positions", INDEX_BAD, strides=False)
+    yield raises("positions int32", lambda a: a.update(positions=a["positions"].int()), TYPE, "positions")
+    yield raises("positions [T + 1]", lambda a: a.update(positions=torch.tensor([0, 1, 2, 3])), VALUE, "positions")
+    yield raises("positions inner stride 2", lambda a: a.update(positions=non_unit_inner(a["positions"])), VALUE, "positions")
+    yield from index_value_rows("positions", (ROPE_MAX_POS, -1, 2**62, -(2**63)), at=1)
+    yield from common_tensor_rows("cos_sin_cache", (torch.float64, torch.float16, torch.bfloat16))
+    yield raises("cos_sin_cache odd rot_dim", lambda a: a.update(cos_sin_cache=_rope_cache()[:, :15]), VALUE, "cos_sin_cache")
+    yield raises("cos_sin_cache rot_dim > head_dim", lambda a: a.update(cos_sin_cache=_rope_cache(rot=32)), VALUE, "cos_sin_cache")
+    yield raises("cos_sin_cache rot_dim 0", lambda a: a.update(cos_sin_cache=torch.empty(16, 0)), VALUE, "cos_sin_cache")
+    yield raises("is_neox = 'yes'", setter(is_neox="yes"), TYPE, "is_neox")
+    yield raises("is_neox = None", setter(is_neox=None), TYPE, "is_neox")
+    yield raises("check_positions = 'no'", setter(check_positions="no"), TYPE, "check_positions")
+
+    # Aliasing: q and k are written; positions and cos_sin_cache are read.
+    yield raises("k is q", lambda a: a.update(k=a["q"]), VALUE, "q", "k")
+
+    def k_inside_q(a):
+        a["k"] = a["q"][:, 1:3]
+
+    yield raises("k is heads 1..2 of q", k_inside_q, VALUE, "q", "k")
+
+    def k_shifted(a):  # k overlaps q with an offset that is not a multiple of anything
+        base = randn(3 * 64 + 40, seed=5)
+        a.update(q=base.as_strided((3, 4, 16), (64, 16, 1)), k=base.as_strided((3, 2, 16), (64, 16, 1), 7))
+
+    yield raises("k overlaps q at an element offset of 7", k_shifted, VALUE, "q", "k")
+
+    def cache_in_q(a):
+        q = randn(16, 4, 16, seed=6)
+        a.update(q=q[:3], cos_sin_cache=q.view(-1)[: 16 * 16].view(16, 16))
+
+    yield raises("cos_sin_cache is a view of q", cache_in_q, VALUE, "q", "cos_sin_cache")
+
+    def fused(a):
+        q, k, _ = qkv(seed=7)
+        a.update(q=q, k=k)
+
+    yield succeeds("q and k slices of a fused qkv tensor", fused)
+
+    def fused_other_order(a):  # k before q in the fused row
+        fused = randn(3, 6 * 16, seed=8)
+        a.update(k=fused[:, :32].view(3, 2, 16), q=fused[:, 32:].view(3, 4, 16))
+
+    yield succeeds("k before q in a fused tensor", fused_other_order)
+    yield succeeds("is_neox = False (GPT-J)", setter(is_neox=False))
+    yield succeeds("partial rotary (rot_dim 8)", lambda a: a.update(cos_sin_cache=_rope_cache(rot=8)))
+    yield succeeds("no tokens", lambda a: a.update(q=torch.empty(0, 4, 16), k=torch.empty(0, 2, 16),
+                                                    positions=torch.empty(0, dtype=torch.long)))
+    yield succeeds("no kv heads", lambda a: a.update(k=torch.empty(3, 0, 16)))
+    yield raises("positions expanded (stride 0)", lambda a: a.update(positions=torch.tensor([7]).expand(3)), VALUE, "positions")
+    yield succeeds("cache of 2**20 positions, position 2**20 - 1",
+                   lambda a: a.update(cos_sin_cache=_rope_cache(max_pos=2**20, rot=4), positions=torch.tensor([0, 2**20 - 1, 12345])))
+
+
+# ----------------------------------------------------------------------------- store_kv_cache
+
+
+def _kv_spec() -> OpSpec:
+    def reference(a):
+        store = ref("kv_cache", "ref_store")
+        return {"k_cache": store(a["k"], a["k_cache"], a["slot_mapping"]),
+                "v_cache": store(a["v"], a["v_cache"], a["slot_mapping"])}
+
+    return OpSpec(
+        "store_kv_cache", "store_kv_cache", mk.store_kv_cache,
+        valid=lambda: {"k": randn(3, 2, 8), "v": randn(3, 2, 8, seed=1), "k_cache": torch.zeros(2, 4, 2, 8),
+                       "v_cache": torch.zeros(2, 4, 2, 8), "slot_mapping": torch.tensor([1, -1, 6]), "check_slots": False},
+        written=("k_cache", "v_cache"),
+        reference=reference,
+    )
+
+
+@table("store_kv_cache")
+def kv_rows(spec: OpSpec) -> Iterator[Row]:
+    for name in ("k", "v"):
+        yield from common_tensor_rows(name, FLOAT_BAD)
+        yield from shape_rows(name, 1, 2, names=(name,))
+    for name in ("k_cache", "v_cache"):
+        yield from common_tensor_rows(name, FLOAT_BAD)
+        yield from expanded_rows(name)
+        yield from shape_rows(name, 2, 3, names=(name,))
+        yield raises(f"{name} float16", lambda a, n=name: a.update({n: a[n].half()}), TYPE, name)
+    yield raises("v_cache with another block count", lambda a: a.update(v_cache=torch.zeros(3, 4, 2, 8)), VALUE, "v_cache")
+    yield from common_tensor_rows("slot_mapping", INDEX_BAD, strides=False)
+    yield raises("slot_mapping int32", lambda a: a.update(slot_mapping=a["slot_mapping"].int()), TYPE, "slot_mapping")
+    yield raises("slot_mapping [T + 1]", lambda a: a.update(slot_mapping=torch.tensor([0, 1, 2, 3])), VALUE, "slot_mapping")
+    yield from index_value_rows("slot_mapping", (8, -2, 2**62, -(2**63)), at=2)
+    yield raises("check_slots = 'no'", setter(check_slots="no"), TYPE, "check_slots")
+
+    # Aliasing: k_cache and v_cache are written; k, v and slot_mapping are read.
+    yield raises("v_cache is k_cache", lambda a: a.update(v_cache=a["k_cache"]), VALUE, "k_cache", "v_cache")
+
+    def halves(a):  # one [num_blocks, 2, block_size, KH, D] cache, k and v interleaved per block
+        c = torch.zeros(2, 2, 4, 2, 8)
+        a.update(k_cache=c[:, 0], v_cache=c[:, 1])
+
+    yield raises("k_cache, v_cache interleaved per block (not contiguous)", halves, VALUE, "k_cache")
+
+    def shifted(a):
+        c = torch.zeros(2 * 4 * 2 * 8 + 8)
+        a.update(k_cache=c[:128].view(2, 4, 2, 8), v_cache=c[8:].view(2, 4, 2, 8))
+
+    yield raises("v_cache is k_cache shifted by one head", shifted, VALUE, "k_cache", "v_cache")
+
+    def k_in_cache(a):
+        a["k"] = a["k_cache"].view(-1, 2, 8)[:3]
+
+    yield raises("k is a view of k_cache", k_in_cache, VALUE, "k", "k_cache")
+
+    def v_in_k_cache(a):
+        a["v"] = a["k_cache"].view(-1, 2, 8)[5:]
+
+    yield raises("v is a view of k_cache", v_in_k_cache, VALUE, "v", "k_cache")
+
+    def split(a):
+        c = torch.zeros(2, 2, 4, 2, 8)
+        a.update(k_cache=c[0], v_cache=c[1])
+
+    yield succeeds("k_cache, v_cache halves of one tensor", split)
+
+    def fused(a):
+        _, k, v = qkv(heads=4, kv_heads=2, dim=8, seed=3)
+        a.update(k=k, v=v)
+
+    yield succeeds("k and v slices of a fused qkv tensor", fused)
+    yield succeeds("v is k (both read)", lambda a: a.update(v=a["k"]))
+    yield succeeds("all slots -1", lambda a: a.update(slot_mapping=torch.full((3,), -1)))
+    yield succeeds("no tokens", lambda a: a.update(k=torch.empty(0, 2, 8), v=torch.empty(0, 2, 8),
+                                                    slot_mapping=torch.empty(0, dtype=torch.long)))
+    yield succeeds("empty cache, all slots -1", lambda a: a.update(k_cache=torch.zeros(0, 4, 2, 8), v_cache=torch.zeros(0, 4, 2, 8),
+                                                                    slot_mapping=torch.full((3,), -1)))
+
+
+# ----------------------------------------------------------------------------- embedding
+
+
+def _embedding_spec() -> OpSpec:
+    return OpSpec(
+        "embedding", "embedding", mk.embedding,
+        valid=lambda: {"ids": torch.tensor([1, 0, 7]), "table": randn(8, 16), "check": True},
+        reference=lambda a: ref("embedding", "ref_embedding")(a["ids"], a["table"]),
+    )
+
+
+@table("embedding")
+def embedding_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from tensor_kind_rows("ids")
+    yield from dtype_rows("ids", *INDEX_BAD, torch.uint8)
+    yield from meta_rows("ids")
+    yield raises("ids inner stride 2", lambda a: a.update(ids=non_unit_inner(a["ids"])), VALUE, "ids")
+    yield from index_value_rows("ids", (8, -1, 2**62, -(2**63)), at=1)
+    yield raises("ids int32 out of range", lambda a: a.update(ids=torch.tensor([1, 8], dtype=torch.int32)), VALUE, "ids")
+    yield from common_tensor_rows("table", FLOAT_BAD)
+    yield raises("check = 'no'", setter(check="no"), TYPE, "check")
+    yield succeeds("ids 2-D", lambda a: a.update(ids=torch.tensor([[1, 2], [3, 4]])))
+    yield succeeds("ids 0-dim", lambda a: a.update(ids=torch.tensor(3)))
+    yield succeeds("ids int32", lambda a: a.update(ids=a["ids"].int()))
+    yield succeeds("ids empty", lambda a: a.update(ids=torch.empty(0, dtype=torch.long)))
+    yield raises("ids expanded (stride 0)", lambda a: a.update(ids=torch.tensor([3]).expand(4)), VALUE, "ids")
+    yield succeeds("table row stride 24 (a slice)", lambda a: a.update(table=randn(8, 24)[:, :16]))
+    yield succeeds("table empty hidden", lambda a: a.update(table=torch.empty(8, 0)))
+    yield raises("table empty vocab", lambda a: a.update(table=torch.empty(0, 16)), VALUE, "ids")
+
+
+# ----------------------------------------------------------------------------- module functions
+# The public ops allocate their outputs, so `out` can only alias an input through the module
+# functions themselves: these rows call them directly (the C++ contract is what must refuse).
+
+
+def _module_spec(package: str, export: str, valid: Callable[[], dict[str, Any]], reference=None) -> OpSpec:
+    def call(**a):
+        return getattr(registry.package(package)._modules["cpu"], export)(*a.values())
+
+    return OpSpec(f"{export} (module)", export, call, valid=valid, written=("out",), reference=reference)
+
+
+def _module_out_reference(fn_name: str, package: str, ref_name: str, *inputs: str, **fixed):
+    def reference(a):
+        return {"out": ref(package, ref_name)(*(a[n] for n in inputs), **fixed).to(a["out"].dtype)}
+    return reference
+
+
+@table("rms_norm (module)")
+def rms_norm_module_rows(spec: OpSpec) -> Iterator[Row]:
+    yield raises("out is x", lambda a: a.update(out=a["x"]), VALUE, "out", "x")
+
+    def out_on_weight(a):
+        buf = torch.zeros(5 * 64)
+        a.update(out=buf[:256].view(4, 64), weight=buf[256 - 32: 256 + 32])
+
+    yield raises("weight overlaps out's last row", out_on_weight, VALUE, "out", "weight")
+    yield raises("out expanded", lambda a: a.update(out=expanded(a["out"])), VALUE, "out")
+
+    def halves(a):
+        out, x = interleaved(4, 64, 2, seed=2)
+        a.update(out=out, x=x)
+
+    yield succeeds("out and x interleaved halves of one tensor", halves)
+
+
+@table("softmax (module)")
+def softmax_module_rows(spec: OpSpec) -> Iterator[Row]:
+    yield raises("out is x", lambda a: a.update(out=a["x"]), VALUE, "out", "x")
+
+    def shifted(a):
+        buf = randn(4 * 64 + 3)
+        a.update(out=buf[:256].view(4, 64), x=buf[3:].view(4, 64))
+
+    yield raises("x is out shifted by 3 elements", shifted, VALUE, "out", "x")
+    yield succeeds("valid", lambda a: None)
+
+
+@table("silu_and_mul (module)")
+def silu_module_rows(spec: OpSpec) -> Iterator[Row]:
+    yield raises("out is the gate half of x", lambda a: a.update(out=a["x"][:, :64]), VALUE, "out", "x")
+    yield raises("out is the up half of x", lambda a: a.update(out=a["x"][:, 64:]), VALUE, "out", "x")
+    yield succeeds("valid", lambda a: None)
+
+
+@table("embedding (module)")
+def embedding_module_rows(spec: OpSpec) -> Iterator[Row]:
+    yield raises("out is rows of table", lambda a: a.update(out=a["table"][:3]), VALUE, "out", "table")
+    yield succeeds("valid", lambda a: None)
+
+
+def module_specs() -> dict[str, OpSpec]:
+    return {
+        "rms_norm (module)": _module_spec(
+            "rms_norm", "rms_norm",
+            lambda: {"out": torch.zeros(4, 64), "x": randn(4, 64), "weight": randn(64, seed=1), "eps": 1e-6},
+            reference=_module_out_reference("rms_norm", "rms_norm", "ref_rms_norm", "x", "weight")),
+        "softmax (module)": _module_spec(
+            "softmax", "softmax", lambda: {"out": torch.zeros(4, 64), "x": randn(4, 64), "temperature": 1.0},
+            reference=_module_out_reference("softmax", "softmax", "ref_softmax", "x")),
+        "silu_and_mul (module)": _module_spec(
+            "activation", "silu_and_mul", lambda: {"out": torch.zeros(4, 64), "x": randn(4, 128)},
+            reference=_module_out_reference("silu_and_mul", "activation", "ref_silu_and_mul", "x")),
+        "embedding (module)": _module_spec(
+            "embedding", "embedding",
+            lambda: {"out": torch.zeros(3, 16), "ids": torch.tensor([1, 0, 7]), "table": randn(8, 16),
+                     "error": torch.zeros(3, dtype=torch.int64)},
+            reference=_module_out_reference("embedding", "embedding", "ref_embedding", "ids", "table")),
+    }
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def op_specs() -> dict[str, OpSpec]:
+    """Every public op, from the registry's exports plus the *_from_uniforms variants."""
+    builders: dict[str, Callable[[], OpSpec]] = {
+        "rms_norm": _rms_norm_spec,
+        "fused_add_rms_norm": _fused_spec,
+        "silu_and_mul": lambda: _act_spec("silu_and_mul"),
+        "gelu_and_mul": lambda: _act_spec("gelu_and_mul"),
+        "softmax": lambda: _softmax_spec("softmax"),
+        "log_softmax": lambda: _softmax_spec("log_softmax"),
+        "apply_rope": _rope_spec,
+        "store_kv_cache": _kv_spec,
+        "embedding": _embedding_spec,
+    }
+    for name in ("greedy_sample", "top_k_top_p_sample", "top_k_top_p_sample_from_uniforms", "min_p_sample",
+                 "min_p_sample_from_uniforms"):
+        builders[name] = lambda name=name: _sample_spec(name)
+    return {name: build() for name, build in builders.items()} | module_specs()
+
+
+def public_ops() -> list[str]:
+    names = list(registry.exports())
+    sampling = registry.package("sampling")
+    names += [n for n in dir(sampling) if n.endswith("_from_uniforms") and callable(getattr(sampling, n))]
+    return sorted(names)
+
+
+def build_cases() -> dict[str, tuple[OpSpec, Row]]:
+    cases = {}
+    for name, spec in op_specs().items():
+        for row in GENERATORS[name](spec):
+            case_id = f"{name} | {row.label}"
+            assert case_id not in cases, f"duplicate case {case_id!r}"
+            cases[case_id] = (spec, row)
+    return cases
+
+
+# ----------------------------------------------------------------------------- running one case
+
+
+def storage_bytes(t: torch.Tensor) -> torch.Tensor | None:
+    """A copy of every byte of t's storage (aliases and gaps included), or None for meta."""
+    if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+        return None
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone()
+
+
+def detached_copy(value: Any) -> Any:
+    """A non-aliased copy of an argument (tensors cloned, strides kept; others as they are)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone() if value.device.type != "meta" else value
+    if isinstance(value, torch.Generator):
+        g = torch.Generator()
+        g.set_state(value.get_state())
+        return g
+    return value
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """None when actual matches expected (float dtypes within tolerance, NaNs where expected)."""
+    if tuple(actual.shape) != tuple(expected.shape):
+        return f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
+    if actual.dtype in (torch.int64, torch.int32):
+        return None if torch.equal(actual.cpu().long(), expected.cpu().long()) else f"{actual.tolist()} != {expected.tolist()}"
+    a, e = actual.double(), expected.double()
+    if bool(torch.isnan(a).any()) and not bool(torch.isnan(e).any()):
+        return f"NaN in the result where the reference has none: {a.tolist()}"
+    tol = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(actual.dtype, 1e-6)
+    if torch.allclose(a, e, rtol=tol, atol=tol, equal_nan=True):
+        return None
+    return f"max |error| {(a - e).abs().nan_to_num(math.inf).max().item():.3g} > {tol}"
+
+
+def judge_success(spec: OpSpec, row: Row, copies: dict[str, Any], args: dict[str, Any], result: Any) -> str | None:
+    reference = row.reference or spec.reference
+    if reference is None:
+        return None
+    expected = reference(copies)
+    if isinstance(expected, tuple) and expected[0] == "member of":
+        kept = expected[1]
+        picked = kept.gather(-1, result.view(-1, 1)).view(-1)
+        return None if bool(picked.all()) else f"sampled tokens {result.tolist()} outside the kept set"
+    if isinstance(expected, dict):
+        for name, want in expected.items():
+            problem = close(args[name], want)
+            if problem:
+                return f"{name}: {problem}"
+        return None
+    return close(result, expected)
+
+
+def names(message: str, name: str) -> bool:
+    """Whether `message` names `name` as a word ("x" in "argument 'x'", not in "softmax")."""
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message) is not None
+
+
+def run_case(spec: OpSpec, row: Row) -> dict[str, Any]:
+    """Runs one case in this process; returns {"verdict": "raised" | "correct" | "fail", ...}."""
+    torch.manual_seed(0)
+    args = spec.valid()
+    row.mutate(args)
+    snapshots = {n: storage_bytes(args[n]) for n in spec.written if n in args}
+    copies = {n: detached_copy(v) for n, v in args.items()}
+    try:
+        result = spec.fn(**args)
+    except Exception as error:  # noqa: BLE001: judging exactly which
+        message = str(error).split("\n")[0][:400]  # torch appends C++ backtraces
+        changed = [n for n, snap in snapshots.items() if snap is not None and not torch.equal(snap, storage_bytes(args[n]))]
+        if not isinstance(row.expect, Raises):
+            return {"verdict": "fail", "detail": f"raised {type(error).__name__}: {message}"}
+        problems = []
+        if type(error) is not row.expect.exc:
+            problems.append(f"raised {type(error).__name__}, expected {row.expect.exc.__name__}")
+        missing = [n for n in (spec.op, *row.expect.names) if not names(message, n)]
+        if missing:
+            problems.append(f"message does not name {missing}")
+        if changed:
+            problems.append(f"written argument(s) {changed} changed although the call raised")
+        if problems:
+            return {"verdict": "fail", "detail": "; ".join(problems) + f" -- {type(error).__name__}: {message}"}
+        return {"verdict": "raised"}
+    if isinstance(row.expect, Raises):
+        return {"verdict": "fail", "detail": f"returned, expected {row.expect.exc.__name__} naming {row.expect.names}"}
+    problem = judge_success(spec, row, copies, args, result)
+    return {"verdict": "fail", "detail": problem} if problem else {"verdict": "correct"}
+
+
+def worker_main() -> None:
+    """The subprocess worker: reads case ids (one a line) from stdin, answers one JSON line each
+    on the original stdout; everything else printed goes to stderr."""
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    cases = build_cases()
+    for line in sys.stdin:
+        case_id = line.rstrip("\n")
+        try:
+            answer = run_case(*cases[case_id])
+        except BaseException as error:  # noqa: BLE001: the harness itself failed on this case
+            answer = {"verdict": "fail", "detail": f"harness error {type(error).__name__}: {error}"}
+        answers.write(json.dumps({"id": case_id, **answer}) + "\n")
+
+
+# ----------------------------------------------------------------------------- the worker pool
+
+WORKER_CODE = "import sys; sys.path[:0] = {path!r}; import {module} as t; t.worker_main()"
+CASE_TIMEOUT_S = float(os.environ.get("MLLM_HOSTILE_CASE_TIMEOUT", "120"))
+
+
+class Worker:
+    """A long-lived `python -c` that runs cases; restarted after it dies or hangs."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def _start(self):
+        here = os.path.dirname(os.path.abspath(__file__))
+        code = WORKER_CODE.format(path=[here, *sys.path], module=os.path.splitext(os.path.basename(__file__))[0])
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, bufsize=1)
+
+    def run(self, case_id: str) -> dict[str, Any]:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        proc = self.proc
+        try:
+            proc.stdin.write(case_id + "\n")
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+        ready, _, _ = select.select([proc.stdout], [], [], CASE_TIMEOUT_S)
+        line = proc.stdout.readline() if ready else None
+        if line:
+            return json.loads(line)
+        if not ready:
+            proc.kill()
+            detail = f"hung for {CASE_TIMEOUT_S:.0f} s (worker killed)"
+        else:
+            rc = proc.wait()
+            detail = f"worker died: {'signal ' + str(-rc) if rc < 0 else 'exit ' + str(rc)}"
+        proc.wait()
+        self.proc = None
+        self.restarts += 1
+        return {"id": case_id, "verdict": "fail", "detail": detail}
+
+    def close(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+def run_all(case_ids: list[str], workers: int) -> list[dict[str, Any]]:
+    results: list[dict[str, Any] | None] = [None] * len(case_ids)
+    next_index = iter(range(len(case_ids)))
+    lock = threading.Lock()
+
+    def loop():
+        worker = Worker()
+        try:
+            while True:
+                with lock:
+                    i = next(next_index, None)
+                if i is None:
+                    return
+                results[i] = worker.run(case_ids[i])
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=loop) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+def test_every_public_op_has_rows():
+    missing = sorted(set(public_ops()) - set(GENERATORS))
+    assert not missing, f"public ops without rows in the hostile-input table: {missing}"
+
+
+def test_hostile_inputs():
+    cases = build_cases()
+    ids = list(cases)
+    only = os.environ.get("MLLM_HOSTILE_ONLY")  # a substring of case ids, for local runs
+    if only:
+        ids = [i for i in ids if only in i]
+    start = time.monotonic()
+    results = run_all(ids, workers=max(1, min(2, os.cpu_count() or 1)))
+    failures = [r for r in results if r["verdict"] == "fail"]
+    raised = sum(r["verdict"] == "raised" for r in results)
+    correct = sum(r["verdict"] == "correct" for r in results)
+    allowed = sum(isinstance(cases[i][1].expect, Succeeds) for i in ids)
+    per_op: dict[str, list[int]] = {}
+    for case_id, r in zip(ids, results):
+        counts = per_op.setdefault(case_id.split(" | ")[0], [0, 0])
+        counts[0] += 1
+        counts[1] += r["verdict"] == "fail"
+    print()
+    for name, (n, bad) in sorted(per_op.items()):
+        print(f"  {name:<34} {n:4d} cases  {bad:3d} failed")
+    for r in failures:
+        print(f"FAIL {r['id']}: {r['detail']}")
+    print(f"hostile inputs: {len(ids)} cases, {raised} raised cleanly, {correct}/{allowed} allowed successes "
+          f"correct, {len(failures)} failures ({time.monotonic() - start:.1f} s)")
+    assert not failures, f"{len(failures)} of {len(ids)} hostile-input cases failed (listed above)"
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-v", "-s"]))
