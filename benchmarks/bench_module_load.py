@@ -43,7 +43,8 @@ print((time.perf_counter() - start) * 1e3)
 
 
 def add_constant_specs() -> list[JitSpec]:
-    source = REPO / "kernels" / "add_constant" / "add_constant.cpp"
+    # The package's own copy: the checkout's kernels/ or an installed wheel's mllm_kernel/kernels/.
+    source = Path(importlib.import_module("mllm_kernel.kernels.add_constant").__file__).parent / "add_constant.cpp"
     return [
         make_spec("add_constant", "cpu", (16,), cpp_files=[source],
                   cpp_wrappers=[("add_constant", "mllm_kernel::cpu::add_constant<16>")]),

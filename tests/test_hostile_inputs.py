@@ -21,7 +21,26 @@ that case's failure and restarted, and the run goes on. The test prints the coun
 any failure.
 
 Adding an op: write one `@table("<public name>")` generator below that yields its rows; the
-shared generators (tensor_kind_rows, dtype_rows, ...) cover the common argument kinds.
+shared generators (tensor_kind_rows, dtype_rows, ...) cover the common argument kinds, and give
+the spec its `verify_order` (the C++ contract's order of tensor arguments) for the device rows.
+
+Devices (issue 11 item 5). The rows build their tensors on the CPU; a table has a device mode
+and each case's tensors move there just before the call, with their layout kept (one copy per
+storage: views, aliases, overlaps, gaps and stride-0 expansions stay exactly as built; meta
+tensors stay meta; a torch.Generator follows the op's first tensor argument).
+  cpu   (default) the table as built.
+  cuda  the same rows with every tensor on cuda:0, rows whose expectation differs on CUDA
+        adjusted where they are built (on_cuda(); each says why), plus device rows: each tensor
+        argument in turn on the CPU among CUDA ones and on CUDA among CPU ones, and with two
+        GPUs on cuda:1 among cuda:0 ones and every tensor on cuda:1. A mismatch raises
+        ValueError from the contract's TensorMatcher naming the first argument, in the
+        contract's order, that is not on the device of the first one (whose device also picks
+        the module): the moved argument, or the next one when the moved argument is the first.
+`pytest tests/test_hostile_inputs.py` runs both tables (CUDA skips without a GPU and prints its
+own count line); MLLM_KERNEL_FUZZ_DEVICE=cpu|cuda runs that table only.
+`python tests/test_hostile_inputs.py --list [--device cuda] [--gpus 2]` prints a table's cases
+and expectations without running anything (no GPU needed); test_cuda_table_builds prepares
+every CUDA case with meta tensors standing in for CUDA ones and computes its references.
 """
 
 from __future__ import annotations
@@ -52,11 +71,16 @@ from mllm_kernel import kernels as registry
 class Raises:
     exc: type[BaseException]
     names: tuple[str, ...] = ()  # argument names the message must contain
+    # None: no byte of a written argument may change. Otherwise the call may raise after its
+    # kernel ran (CUDA's checked out-of-range index): written(copies) -> {name: expected tensor}.
+    written: Callable[[dict[str, Any]], dict[str, torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)
 class Succeeds:
-    pass
+    # CUDA: (op package, index, value) that the op's device-error record must hold after the
+    # call (read with its pop_*_error, which also clears it); None: nothing may be recorded.
+    recorded: tuple[str, int, int] | None = None
 
 
 @dataclass
@@ -65,6 +89,8 @@ class Row:
     mutate: Callable[[dict[str, Any]], Any]  # edits the valid arguments in place
     expect: Raises | Succeeds
     reference: Callable[[dict[str, Any]], Any] | None = None  # overrides the op's reference
+    # Device rows: (device of every tensor, {argument: its own device}); None: the table's device.
+    placement: tuple[str, dict[str, str]] | None = None
 
 
 @dataclass
@@ -80,10 +106,33 @@ class OpSpec:
     # args are non-aliased copies taken before the call.
     reference: Callable[[dict[str, Any]], Any] | None = None
     rows: list[Row] = field(default_factory=list)
+    # The tensor arguments in the order the C++ contract verifies them (for the device rows);
+    # `router`: the argument whose device picks the module (default the first of verify_order).
+    verify_order: tuple[str, ...] = ()
+    router: str | None = None
+    device_base: Callable[[dict[str, Any]], Any] | None = None  # e.g. scalars -> per-row tensors
 
 
 SPECS: dict[str, OpSpec] = {}
 GENERATORS: dict[str, Callable[[OpSpec], Iterator[Row]]] = {}
+
+FUZZ_DEVICE_ENV = "MLLM_KERNEL_FUZZ_DEVICE"
+TABLE_DEVICES = ("cpu", "cuda")
+CUDA0, CUDA1 = "cuda:0", "cuda:1"
+# The table being built: generators read it through on_cuda() (build_cases sets it).
+_MODE = {"device": "cpu", "gpus": 0}
+
+
+def on_cuda() -> bool:
+    """Whether the table being built runs on CUDA (rows with a CUDA-specific expectation ask)."""
+    return _MODE["device"] == "cuda"
+
+
+def fuzz_device() -> str:
+    device = os.environ.get(FUZZ_DEVICE_ENV, "cpu") or "cpu"
+    if device not in TABLE_DEVICES:
+        raise ValueError(f"{FUZZ_DEVICE_ENV}={device!r}: expected one of {TABLE_DEVICES}")
+    return device
 
 
 def table(name: str):
@@ -193,16 +242,22 @@ def huge_int_rows(name: str) -> Iterator[Row]:
         yield Row(f"{name} = {value}", lambda a, v=value: a.__setitem__(name, v), Raises(VALUE, (name,)))
 
 
+def set_entry(name: str, at: int, value: Any, **also: Any) -> Callable[[dict[str, Any]], None]:
+    """A mutation: entry `at` of the tensor `name` (a copy) set to `value`; `also` set too."""
+
+    def mutate(a):
+        t = a[name].clone()
+        t[at] = value
+        a[name] = t
+        a.update(also)
+
+    return mutate
+
+
 def index_value_rows(name: str, values: tuple[int, ...], at: int = 0) -> Iterator[Row]:
     """Entry `at` of the int tensor `name` set to each bad value (out of range)."""
-
-    def set_entry(a, v):
-        t = a[name].clone()
-        t[at] = v
-        a[name] = t
-
     for value in values:
-        yield Row(f"{name}[{at}] = {value}", lambda a, v=value: set_entry(a, v), Raises(VALUE, (name,)))
+        yield Row(f"{name}[{at}] = {value}", set_entry(name, at, value), Raises(VALUE, (name,)))
 
 
 def common_tensor_rows(name: str, bad_dtypes: tuple[torch.dtype, ...], strides: bool = True,
@@ -231,6 +286,13 @@ def setter(**values) -> Callable[[dict[str, Any]], None]:
     return lambda a: a.update(values)
 
 
+def checked_on_cpu_clamped_on_cuda(label: str, mutate: Callable[[dict[str, Any]], Any], *names: str) -> Row:
+    """A bad value inside a per-row tensor: the CPU checks it (ValueError); CUDA clamps it in the
+    kernel (checking device data would need a host sync; kernels/sampling/__init__.py), so there
+    the call succeeds with the clamped value (the op's reference clamps the same way)."""
+    return succeeds(label, mutate) if on_cuda() else raises(label, mutate, VALUE, *names)
+
+
 # ----------------------------------------------------------------------------- references
 
 
@@ -246,6 +308,7 @@ def _rms_norm_spec() -> OpSpec:
         "rms_norm", "rms_norm", mk.rms_norm,
         valid=lambda: {"x": randn(4, 64), "weight": randn(64, seed=1), "eps": 1e-6},
         reference=lambda a: ref("rms_norm", "ref_rms_norm")(a["x"], a["weight"], a["eps"]),
+        verify_order=("x", "weight"),
     )
 
 
@@ -296,6 +359,7 @@ def _fused_spec() -> OpSpec:
         valid=lambda: {"x": randn(4, 64), "residual": randn(4, 64, seed=2), "weight": randn(64, seed=1), "eps": 1e-6},
         written=("x", "residual"),
         reference=reference,
+        verify_order=("x", "residual", "weight"),
     )
 
 
@@ -366,7 +430,7 @@ def _act_spec(name: str) -> OpSpec:
     else:
         valid = lambda: {"x": randn(4, 128), "approximate": "none"}  # noqa: E731
         reference = lambda a: ref("activation", "ref_gelu_and_mul")(a["x"], a["approximate"])  # noqa: E731
-    return OpSpec(name, name, getattr(mk, name), valid=valid, reference=reference)
+    return OpSpec(name, name, getattr(mk, name), valid=valid, reference=reference, verify_order=("x",))
 
 
 def act_rows(spec: OpSpec) -> Iterator[Row]:
@@ -405,7 +469,7 @@ def _softmax_spec(name: str) -> OpSpec:
     else:
         valid = lambda: {"x": randn(4, 64, scale=3.0)}  # noqa: E731
         reference = lambda a: ref("softmax", "ref_log_softmax")(a["x"])  # noqa: E731
-    return OpSpec(name, name, getattr(mk, name), valid=valid, reference=reference)
+    return OpSpec(name, name, getattr(mk, name), valid=valid, reference=reference, verify_order=("x",))
 
 
 def softmax_common_rows() -> Iterator[Row]:
@@ -467,21 +531,33 @@ def _uniforms(seed=9):
 def _sample_spec(name: str) -> OpSpec:
     cases = lambda: registry.cases("sampling")  # noqa: E731
 
+    def at_row(value, r: int) -> float:
+        return float(value[r]) if isinstance(value, torch.Tensor) else float(value)
+
+    def clamp01(v: float) -> float:  # CUDA's fminf(fmaxf(v, 0), 1): NaN -> 0 (identity on valid values)
+        return 0.0 if math.isnan(v) else min(max(v, 0.0), 1.0)
+
     def kept(a) -> torch.Tensor:
-        if name.startswith("top_k"):
-            k, p = a["top_k"], a["top_p"]
-            k = int(k) if not isinstance(k, torch.Tensor) else int(k[0])
-            p = float(p) if not isinstance(p, torch.Tensor) else float(p[0])
-            k = a["logits"].shape[-1] if k <= 0 or k > a["logits"].shape[-1] else k
-            return cases().ref_top_k_top_p_weights(a["logits"], k, p)
-        p = a["min_p"] if not isinstance(a["min_p"], torch.Tensor) else float(a["min_p"][0])
-        return cases().ref_min_p_weights(a["probs"], p)
+        """Per row (per-row parameters may differ), with the parameters CUDA clamps clamped."""
+        scores = a["logits"] if name.startswith("top_k") else a["probs"]
+        rows = []
+        for r in range(scores.shape[0]):
+            if name.startswith("top_k"):
+                k, p = int(at_row(a["top_k"], r)), clamp01(at_row(a["top_p"], r))
+                k = scores.shape[-1] if k <= 0 or k > scores.shape[-1] else k
+                p = p if p > 0 else 2.0**-149  # top_p 0 (clamped): the top token only
+                rows.append(cases().ref_top_k_top_p_weights(scores[r:r + 1], k, p))
+            else:
+                rows.append(cases().ref_min_p_weights(scores[r:r + 1], clamp01(at_row(a["min_p"], r))))
+        return torch.cat(rows) if rows else scores.double()
 
     def reference(a):
         if name == "greedy_sample":
             return a["logits"].double().argmax(-1)
         if name.endswith("_from_uniforms"):
-            return cases().ref_pick(kept(a), a["uniforms"])
+            # CUDA clamps uniforms into [0, 1 - 2^-24] (NaN -> 0); identity on valid uniforms.
+            u = a["uniforms"].nan_to_num(0.0, posinf=1.0).clamp(0.0, 1.0 - 2.0**-24)
+            return cases().ref_pick(kept(a), u)
         return ("member of", kept(a) > 0)  # the generator's uniforms: any kept token
 
     if name == "greedy_sample":
@@ -495,8 +571,16 @@ def _sample_spec(name: str) -> OpSpec:
     else:
         valid = lambda: {"probs": _probs(), "uniforms": _uniforms(), "min_p": 0.1}  # noqa: E731
     op = name.removesuffix("_from_uniforms")
+    scores = "probs" if op == "min_p_sample" else "logits"
+    params = {"greedy_sample": (), "top_k_top_p_sample": ("top_k", "top_p"), "min_p_sample": ("min_p",)}[op]
+    uniforms = ("uniforms",) if name.endswith("_from_uniforms") else ()
+    # Device rows need the parameters as per-row tensors (scalars become tensors on the scores'
+    # device in Python, before the contract sees them).
+    per_row = {"top_k": lambda: torch.full((4,), 10), "top_p": lambda: torch.full((4,), 0.9),
+               "min_p": lambda: torch.full((4,), 0.1)}
     return OpSpec(name, op, getattr(mk, name, None) or getattr(registry.package("sampling"), name),
-                  valid=valid, reference=reference)
+                  valid=valid, reference=reference, verify_order=(scores, *uniforms, *params),
+                  device_base=(lambda a: a.update({p: per_row[p]() for p in params})) if params else None)
 
 
 def sample_rows_rows(name: str) -> Iterator[Row]:
@@ -519,7 +603,8 @@ def uniforms_rows() -> Iterator[Row]:
     yield raises("uniforms [batch, 1]", lambda a: a.update(uniforms=a["uniforms"].unsqueeze(1)), VALUE, "uniforms")
     yield raises("uniforms inner stride 2", lambda a: a.update(uniforms=non_unit_inner(a["uniforms"])), VALUE, "uniforms")
     for value in (1.0, -0.5, math.nan, math.inf):
-        yield raises(f"uniforms[1] = {value}", lambda a, v=value: a["uniforms"].__setitem__(1, v), VALUE, "uniforms")
+        yield checked_on_cpu_clamped_on_cuda(f"uniforms[1] = {value}", lambda a, v=value: a["uniforms"].__setitem__(1, v),
+                                             "uniforms")
     yield succeeds("uniforms all 0", lambda a: a["uniforms"].zero_())
     yield succeeds("uniforms just below 1", lambda a: a["uniforms"].fill_(1 - 2**-24))
 
@@ -543,8 +628,9 @@ def top_k_top_p_param_rows() -> Iterator[Row]:
     yield from float_value_rows("top_p", (math.nan, math.inf, -math.inf, 0.0, -0.5, 1.5))
     yield raises("top_p = 10**400 (an int no float holds)", setter(top_p=10**400), VALUE, "top_p")
     yield raises("top_p float64 tensor", setter(top_p=torch.full((4,), 0.5, dtype=torch.float64)), TYPE, "top_p")
-    yield raises("top_p tensor with a NaN", setter(top_p=torch.tensor([0.5, math.nan, 0.5, 0.5])), VALUE, "top_p")
-    yield raises("top_p tensor with 0", setter(top_p=torch.tensor([0.5, 0.0, 0.5, 0.5])), VALUE, "top_p")
+    yield checked_on_cpu_clamped_on_cuda("top_p tensor with a NaN", setter(top_p=torch.tensor([0.5, math.nan, 0.5, 0.5])),
+                                         "top_p")
+    yield checked_on_cpu_clamped_on_cuda("top_p tensor with 0", setter(top_p=torch.tensor([0.5, 0.0, 0.5, 0.5])), "top_p")
     yield succeeds("top_k = 0 (disabled)", setter(top_k=0))
     yield succeeds("top_k = -5 (disabled)", setter(top_k=-5))
     yield succeeds("top_k = 1 (greedy)", setter(top_k=1))
@@ -562,8 +648,9 @@ def min_p_param_rows() -> Iterator[Row]:
     yield from float_value_rows("min_p", (math.nan, math.inf, -math.inf, -0.1, 1.5))
     yield raises("min_p = 10**400 (an int no float holds)", setter(min_p=10**400), VALUE, "min_p")
     yield raises("min_p float64 tensor", setter(min_p=torch.full((4,), 0.5, dtype=torch.float64)), TYPE, "min_p")
-    yield raises("min_p tensor with a NaN", setter(min_p=torch.tensor([0.5, math.nan, 0.5, 0.5])), VALUE, "min_p")
-    yield raises("min_p tensor with 2", setter(min_p=torch.tensor([0.5, 2.0, 0.5, 0.5])), VALUE, "min_p")
+    yield checked_on_cpu_clamped_on_cuda("min_p tensor with a NaN", setter(min_p=torch.tensor([0.5, math.nan, 0.5, 0.5])),
+                                         "min_p")
+    yield checked_on_cpu_clamped_on_cuda("min_p tensor with 2", setter(min_p=torch.tensor([0.5, 2.0, 0.5, 0.5])), "min_p")
     yield succeeds("min_p = 0 (keeps all)", setter(min_p=0.0))
     yield succeeds("min_p = 1 (keeps the max)", setter(min_p=1.0))
     yield succeeds("min_p = 1, ties at the max", lambda a: a.update(min_p=1.0, probs=torch.tensor([[0.4, 0.1, 0.4, 0.1]] * 4)))
@@ -617,19 +704,35 @@ def _rope_cache(max_pos=ROPE_MAX_POS, rot=ROPE_ROT) -> torch.Tensor:
     return torch.cat([freqs.cos(), freqs.sin()], -1).float()
 
 
-def _rope_spec() -> OpSpec:
-    def reference(a):
-        rope = ref("rope", "ref_rope")
-        rot = a["cos_sin_cache"].shape[1]
-        return {name: rope(a[name], a["positions"], a["cos_sin_cache"], rot, a["is_neox"]).to(a[name].dtype)
-                for name in ("q", "k")}
+def rope_reference(a):
+    rope = ref("rope", "ref_rope")
+    rot = a["cos_sin_cache"].shape[1]
+    return {name: rope(a[name], a["positions"], a["cos_sin_cache"], rot, a["is_neox"]).to(a[name].dtype)
+            for name in ("q", "k")}
 
+
+def rope_skipping(token: int):
+    """CUDA with an out-of-range position at `token`: that token's q/k unchanged, the others rotated."""
+
+    def reference(a):
+        positions = a["positions"].clone()
+        positions[token] = 0
+        out = rope_reference({**a, "positions": positions})
+        for name in ("q", "k"):
+            out[name][token] = a[name][token]
+        return out
+
+    return reference
+
+
+def _rope_spec() -> OpSpec:
     return OpSpec(
         "apply_rope", "apply_rope", mk.apply_rope,
         valid=lambda: {"q": randn(3, 4, 16), "k": randn(3, 2, 16, seed=1), "positions": torch.tensor([0, 5, 15]),
                        "cos_sin_cache": _rope_cache(), "is_neox": True, "check_positions": False},
         written=("q", "k"),
-        reference=reference,
+        reference=rope_reference,
+        verify_order=("q", "k", "positions", "cos_sin_cache"),
     )
 
 
@@ -657,7 +760,19 @@ def rope_rows(spec: OpSpec) -> Iterator[Row]:
     yield raises("positions int32", lambda a: a.update(positions=a["positions"].int()), TYPE, "positions")
     yield raises("positions [T + 1]", lambda a: a.update(positions=torch.tensor([0, 1, 2, 3])), VALUE, "positions")
     yield raises("positions inner stride 2", lambda a: a.update(positions=non_unit_inner(a["positions"])), VALUE, "positions")
-    yield from index_value_rows("positions", (ROPE_MAX_POS, -1, 2**62, -(2**63)), at=1)
+    bad_positions = (ROPE_MAX_POS, -1, 2**62, -(2**63))
+    if not on_cuda():
+        yield from index_value_rows("positions", bad_positions, at=1)
+    else:
+        # CUDA never reads out of bounds and does not sync by default: the bad token's q/k stay
+        # unchanged, the others rotate, and the device-error record holds (token, position).
+        # check_positions=True reads it after the kernel and raises ValueError, the other tokens
+        # already rotated (kernels/rope/__init__.py).
+        for value in bad_positions:
+            yield Row(f"positions[1] = {value}", set_entry("positions", 1, value), Succeeds(recorded=("rope", 1, value)),
+                      rope_skipping(1))
+            yield Row(f"positions[1] = {value}, check_positions=True", set_entry("positions", 1, value, check_positions=True),
+                      Raises(VALUE, ("positions",), written=rope_skipping(1)))
     yield from common_tensor_rows("cos_sin_cache", (torch.float64, torch.float16, torch.bfloat16))
     yield raises("cos_sin_cache odd rot_dim", lambda a: a.update(cos_sin_cache=_rope_cache()[:, :15]), VALUE, "cos_sin_cache")
     yield raises("cos_sin_cache rot_dim > head_dim", lambda a: a.update(cos_sin_cache=_rope_cache(rot=32)), VALUE, "cos_sin_cache")
@@ -710,18 +825,31 @@ def rope_rows(spec: OpSpec) -> Iterator[Row]:
 # ----------------------------------------------------------------------------- store_kv_cache
 
 
-def _kv_spec() -> OpSpec:
-    def reference(a):
-        store = ref("kv_cache", "ref_store")
-        return {"k_cache": store(a["k"], a["k_cache"], a["slot_mapping"]),
-                "v_cache": store(a["v"], a["v_cache"], a["slot_mapping"])}
+def kv_reference(a):
+    store = ref("kv_cache", "ref_store")
+    return {"k_cache": store(a["k"], a["k_cache"], a["slot_mapping"]),
+            "v_cache": store(a["v"], a["v_cache"], a["slot_mapping"])}
 
+
+def kv_skipping(token: int):
+    """CUDA with an out-of-range slot at `token`: that token not stored, the others stored."""
+
+    def reference(a):
+        slots = a["slot_mapping"].clone()
+        slots[token] = -1
+        return kv_reference({**a, "slot_mapping": slots})
+
+    return reference
+
+
+def _kv_spec() -> OpSpec:
     return OpSpec(
         "store_kv_cache", "store_kv_cache", mk.store_kv_cache,
         valid=lambda: {"k": randn(3, 2, 8), "v": randn(3, 2, 8, seed=1), "k_cache": torch.zeros(2, 4, 2, 8),
                        "v_cache": torch.zeros(2, 4, 2, 8), "slot_mapping": torch.tensor([1, -1, 6]), "check_slots": False},
         written=("k_cache", "v_cache"),
-        reference=reference,
+        reference=kv_reference,
+        verify_order=("k", "v", "k_cache", "v_cache", "slot_mapping"),
     )
 
 
@@ -739,7 +867,19 @@ def kv_rows(spec: OpSpec) -> Iterator[Row]:
     yield from common_tensor_rows("slot_mapping", INDEX_BAD, strides=False)
     yield raises("slot_mapping int32", lambda a: a.update(slot_mapping=a["slot_mapping"].int()), TYPE, "slot_mapping")
     yield raises("slot_mapping [T + 1]", lambda a: a.update(slot_mapping=torch.tensor([0, 1, 2, 3])), VALUE, "slot_mapping")
-    yield from index_value_rows("slot_mapping", (8, -2, 2**62, -(2**63)), at=2)
+    bad_slots = (8, -2, 2**62, -(2**63))
+    if not on_cuda():
+        yield from index_value_rows("slot_mapping", bad_slots, at=2)
+    else:
+        # CUDA never writes out of bounds and does not sync by default: the bad token is skipped,
+        # the others are stored, and the device-error record holds (token, slot). check_slots=True
+        # reads it after the kernel and raises ValueError, the other tokens already stored
+        # (kernels/kv_cache/__init__.py).
+        for value in bad_slots:
+            yield Row(f"slot_mapping[2] = {value}", set_entry("slot_mapping", 2, value),
+                      Succeeds(recorded=("kv_cache", 2, value)), kv_skipping(2))
+            yield Row(f"slot_mapping[2] = {value}, check_slots=True", set_entry("slot_mapping", 2, value, check_slots=True),
+                      Raises(VALUE, ("slot_mapping",), written=kv_skipping(2)))
     yield raises("check_slots = 'no'", setter(check_slots="no"), TYPE, "check_slots")
 
     # Aliasing: k_cache and v_cache are written; k, v and slot_mapping are read.
@@ -794,7 +934,21 @@ def _embedding_spec() -> OpSpec:
         "embedding", "embedding", mk.embedding,
         valid=lambda: {"ids": torch.tensor([1, 0, 7]), "table": randn(8, 16), "check": True},
         reference=lambda a: ref("embedding", "ref_embedding")(a["ids"], a["table"]),
+        verify_order=("table", "ids"),
     )
+
+
+def embedding_zero_filled(position: int):
+    """CUDA with an out-of-range id at flattened `position`: that output row zero-filled."""
+
+    def reference(a):
+        ids = a["ids"].clone()
+        ids.view(-1)[position] = 0
+        out = ref("embedding", "ref_embedding")(ids, a["table"])
+        out.view(-1, out.shape[-1])[position] = 0
+        return out
+
+    return reference
 
 
 @table("embedding")
@@ -803,8 +957,17 @@ def embedding_rows(spec: OpSpec) -> Iterator[Row]:
     yield from dtype_rows("ids", *INDEX_BAD, torch.uint8)
     yield from meta_rows("ids")
     yield raises("ids inner stride 2", lambda a: a.update(ids=non_unit_inner(a["ids"])), VALUE, "ids")
-    yield from index_value_rows("ids", (8, -1, 2**62, -(2**63)), at=1)
+    # On CUDA too: embedding checks by default (check=True reads the device-error record after the
+    # kernel and raises ValueError); its output is a new tensor, so no argument was written.
+    bad_ids = (8, -1, 2**62, -(2**63))
+    yield from index_value_rows("ids", bad_ids, at=1)
     yield raises("ids int32 out of range", lambda a: a.update(ids=torch.tensor([1, 8], dtype=torch.int32)), VALUE, "ids")
+    if on_cuda():
+        # check=False on CUDA: no sync, the bad id's output row is zero-filled and the record
+        # holds (position, id) (kernels/embedding/__init__.py). The CPU raises whatever check says.
+        for value in bad_ids:
+            yield Row(f"ids[1] = {value}, check=False", set_entry("ids", 1, value, check=False),
+                      Succeeds(recorded=("embedding", 1, value)), embedding_zero_filled(1))
     yield from common_tensor_rows("table", FLOAT_BAD)
     yield raises("check = 'no'", setter(check="no"), TYPE, "check")
     yield succeeds("ids 2-D", lambda a: a.update(ids=torch.tensor([[1, 2], [3, 4]])))
@@ -822,11 +985,13 @@ def embedding_rows(spec: OpSpec) -> Iterator[Row]:
 # functions themselves: these rows call them directly (the C++ contract is what must refuse).
 
 
-def _module_spec(package: str, export: str, valid: Callable[[], dict[str, Any]], reference=None) -> OpSpec:
-    def call(**a):
-        return getattr(registry.package(package)._modules["cpu"], export)(*a.values())
+def _module_spec(package: str, export: str, valid: Callable[[], dict[str, Any]], reference=None,
+                 verify_order: tuple[str, ...] = ()) -> OpSpec:
+    def call(**a):  # the module of out's device (the CPU table: always the CPU module)
+        return getattr(registry.package(package)._modules[a["out"].device.type], export)(*a.values())
 
-    return OpSpec(f"{export} (module)", export, call, valid=valid, written=("out",), reference=reference)
+    return OpSpec(f"{export} (module)", export, call, valid=valid, written=("out",), reference=reference,
+                  verify_order=verify_order, router="out")
 
 
 def _module_out_reference(fn_name: str, package: str, ref_name: str, *inputs: str, **fixed):
@@ -883,18 +1048,22 @@ def module_specs() -> dict[str, OpSpec]:
         "rms_norm (module)": _module_spec(
             "rms_norm", "rms_norm",
             lambda: {"out": torch.zeros(4, 64), "x": randn(4, 64), "weight": randn(64, seed=1), "eps": 1e-6},
-            reference=_module_out_reference("rms_norm", "rms_norm", "ref_rms_norm", "x", "weight")),
+            reference=_module_out_reference("rms_norm", "rms_norm", "ref_rms_norm", "x", "weight"),
+            verify_order=("x", "out", "weight")),
         "softmax (module)": _module_spec(
             "softmax", "softmax", lambda: {"out": torch.zeros(4, 64), "x": randn(4, 64), "temperature": 1.0},
-            reference=_module_out_reference("softmax", "softmax", "ref_softmax", "x")),
+            reference=_module_out_reference("softmax", "softmax", "ref_softmax", "x"), verify_order=("x", "out")),
         "silu_and_mul (module)": _module_spec(
             "activation", "silu_and_mul", lambda: {"out": torch.zeros(4, 64), "x": randn(4, 128)},
-            reference=_module_out_reference("silu_and_mul", "activation", "ref_silu_and_mul", "x")),
+            reference=_module_out_reference("silu_and_mul", "activation", "ref_silu_and_mul", "x"),
+            verify_order=("x", "out")),
         "embedding (module)": _module_spec(
             "embedding", "embedding",
             lambda: {"out": torch.zeros(3, 16), "ids": torch.tensor([1, 0, 7]), "table": randn(8, 16),
                      "error": torch.zeros(3, dtype=torch.int64)},
-            reference=_module_out_reference("embedding", "embedding", "ref_embedding", "ids", "table")),
+            reference=_module_out_reference("embedding", "embedding", "ref_embedding", "ids", "table"),
+            # `error` is left out: only the CUDA contract verifies it (the CPU ignores it).
+            verify_order=("table", "ids", "out")),
     }
 
 
@@ -927,10 +1096,54 @@ def public_ops() -> list[str]:
     return sorted(names)
 
 
-def build_cases() -> dict[str, tuple[OpSpec, Row]]:
+def device_type(device: str) -> str:
+    return device.split(":")[0]
+
+
+def mismatch_named(spec: OpSpec, devices: dict[str, str]) -> str:
+    """The argument a device mismatch error names: the router's device type picks the module;
+    the contract verifies spec.verify_order in turn, the first argument binds the device (it must
+    be of the module's type) and the first later one on another device raises."""
+    module = device_type(devices[spec.router or spec.verify_order[0]])
+    bound = None
+    for name in spec.verify_order:
+        if bound is None:
+            if device_type(devices[name]) != module:
+                return name
+            bound = devices[name]
+        elif devices[name] != bound:
+            return name
+    raise AssertionError(f"{spec.name}: no device mismatch in {devices}")
+
+
+def device_rows(spec: OpSpec, gpus: int) -> Iterator[Row]:
+    """Each tensor argument on the CPU among CUDA ones and vice versa; with two GPUs, on cuda:1
+    among cuda:0 ones, and every tensor on cuda:1 (the kernel must run on its tensors' device)."""
+    base = spec.device_base or (lambda a: None)
+    layouts = [(CUDA0, "cpu"), ("cpu", CUDA0)] + ([(CUDA0, CUDA1)] if gpus >= 2 else [])
+    if len(spec.verify_order) >= 2:
+        for rest, moved in layouts:
+            for name in spec.verify_order:
+                devices = {n: rest for n in spec.verify_order} | {name: moved}
+                yield Row(f"{name} on {moved}, the rest on {rest}", base,
+                          Raises(VALUE, (mismatch_named(spec, devices),)), placement=(rest, {name: moved}))
+    if gpus >= 2:
+        yield Row(f"every tensor on {CUDA1}", lambda a: None, Succeeds(), placement=(CUDA1, {}))
+
+
+def build_cases(device: str | None = None, gpus: int | None = None) -> dict[str, tuple[OpSpec, Row]]:
+    """The table of `device` (default: $MLLM_KERNEL_FUZZ_DEVICE or cpu); `gpus` (default: the
+    visible CUDA devices) decides the cuda:1 rows. Sets the mode that on_cuda() reads."""
+    device = device or fuzz_device()
+    if gpus is None:
+        gpus = torch.cuda.device_count() if device == "cuda" else 0
+    _MODE.update(device=device, gpus=gpus)
     cases = {}
     for name, spec in op_specs().items():
-        for row in GENERATORS[name](spec):
+        rows = list(GENERATORS[name](spec))
+        if device == "cuda":
+            rows += device_rows(spec, gpus)
+        for row in rows:
             case_id = f"{name} | {row.label}"
             assert case_id not in cases, f"duplicate case {case_id!r}"
             cases[case_id] = (spec, row)
@@ -944,7 +1157,51 @@ def storage_bytes(t: torch.Tensor) -> torch.Tensor | None:
     """A copy of every byte of t's storage (aliases and gaps included), or None for meta."""
     if not isinstance(t, torch.Tensor) or t.device.type == "meta":
         return None
-    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone()
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).clone()
+
+
+def placement_of(spec: OpSpec, row: Row, args: dict[str, Any]) -> dict[str, str] | None:
+    """{argument: device} for every tensor argument (None: leave everything where it is)."""
+    if row.placement is None and _MODE["device"] == "cpu":
+        return None
+    rest, own = row.placement or ((CUDA0 if _MODE["device"] == "cuda" else "cpu"), {})
+    return {n: own.get(n, rest) for n, v in args.items() if isinstance(v, torch.Tensor)}
+
+
+def place(args: dict[str, Any], devices: dict[str, str], router: str, stand_in: dict[str, str] | None = None) -> dict[str, Any]:
+    """The arguments with each tensor moved to devices[name], layout kept: one copy per storage
+    and device, each tensor rebuilt on it with its offset, shape and strides, so aliases,
+    overlaps, gaps and expansions stay as built. Meta tensors stay meta. A torch.Generator follows
+    `router`'s device. `stand_in` maps devices to others (the dry run: cuda -> meta)."""
+    stand_in = stand_in or {}
+    copies: dict[tuple, torch.Tensor] = {}
+    placed = dict(args)
+    for name, t in args.items():
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            continue
+        target = torch.device(stand_in.get(devices[name], devices[name]))
+        if t.device == target:
+            continue
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes(), str(t.device), str(target)) if storage.data_ptr() else (id(t),)
+        raw = copies.get(key)
+        if raw is None:
+            raw = copies[key] = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage).to(target)
+        placed[name] = torch.empty(0, dtype=t.dtype, device=target).set_(
+            raw.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+    target = torch.device(stand_in.get(devices.get(router, "cpu"), devices.get(router, "cpu")))
+    for name, g in args.items():
+        if isinstance(g, torch.Generator) and target.type != "meta" and g.device != target:
+            placed[name] = torch.Generator(device=target).manual_seed(g.initial_seed())
+    return placed
+
+
+ERROR_RECORDS = {"rope": "pop_rope_error", "kv_cache": "pop_kv_cache_error", "embedding": "pop_embedding_error"}
+
+
+def pop_records(device: str) -> dict[str, tuple[int, int] | None]:
+    """Reads and clears the CUDA device-error records of the ops that have one."""
+    return {p: getattr(registry.package(p), fn)(device) for p, fn in ERROR_RECORDS.items()}
 
 
 def detached_copy(value: Any) -> Any:
@@ -952,7 +1209,7 @@ def detached_copy(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.clone() if value.device.type != "meta" else value
     if isinstance(value, torch.Generator):
-        g = torch.Generator()
+        g = torch.Generator(device=value.device)
         g.set_state(value.get_state())
         return g
     return value
@@ -967,8 +1224,12 @@ def close(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
     a, e = actual.double(), expected.double()
     if bool(torch.isnan(a).any()) and not bool(torch.isnan(e).any()):
         return f"NaN in the result where the reference has none: {a.tolist()}"
+    a, e = a.cpu(), e.cpu()
     tol = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(actual.dtype, 1e-6)
-    if torch.allclose(a, e, rtol=tol, atol=tol, equal_nan=True):
+    rtol = tol
+    if actual.device.type == "cuda" and actual.dtype == torch.float32:
+        rtol = 1e-4  # CUDA's float32 math (fast exp/erf): the report's float32 rtol (checks.TOL)
+    if torch.allclose(a, e, rtol=rtol, atol=tol, equal_nan=True):
         return None
     return f"max |error| {(a - e).abs().nan_to_num(math.inf).max().item():.3g} > {tol}"
 
@@ -980,7 +1241,7 @@ def judge_success(spec: OpSpec, row: Row, copies: dict[str, Any], args: dict[str
     expected = reference(copies)
     if isinstance(expected, tuple) and expected[0] == "member of":
         kept = expected[1]
-        picked = kept.gather(-1, result.view(-1, 1)).view(-1)
+        picked = kept.gather(-1, result.cpu().view(-1, 1)).view(-1)
         return None if bool(picked.all()) else f"sampled tokens {result.tolist()} outside the kept set"
     if isinstance(expected, dict):
         for name, want in expected.items():
@@ -996,18 +1257,36 @@ def names(message: str, name: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message) is not None
 
 
-def run_case(spec: OpSpec, row: Row) -> dict[str, Any]:
-    """Runs one case in this process; returns {"verdict": "raised" | "correct" | "fail", ...}."""
+def prepare(spec: OpSpec, row: Row, stand_in: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(arguments on their devices, non-aliased CPU copies of them for the references)."""
     torch.manual_seed(0)
     args = spec.valid()
     row.mutate(args)
+    copies = {n: detached_copy(v) for n, v in args.items()}  # on the CPU, where the rows build
+    devices = placement_of(spec, row, args)
+    if devices is not None:
+        args = place(args, devices, spec.router or (spec.verify_order or ("",))[0], stand_in)
+    return args, copies
+
+
+def run_case(spec: OpSpec, row: Row) -> dict[str, Any]:
+    """Runs one case in this process; returns {"verdict": "raised" | "correct" | "fail", ...}."""
+    args, copies = prepare(spec, row)
+    cuda = _MODE["device"] == "cuda"
+    if cuda:
+        pop_records(CUDA0)  # records left by an earlier case
     snapshots = {n: storage_bytes(args[n]) for n in spec.written if n in args}
-    copies = {n: detached_copy(v) for n, v in args.items()}
     try:
         result = spec.fn(**args)
+        if cuda:
+            torch.cuda.synchronize()  # an asynchronous CUDA error belongs to this case
     except Exception as error:  # noqa: BLE001: judging exactly which
         message = str(error).split("\n")[0][:400]  # torch appends C++ backtraces
         changed = [n for n, snap in snapshots.items() if snap is not None and not torch.equal(snap, storage_bytes(args[n]))]
+        if isinstance(row.expect, Raises) and row.expect.written is not None:
+            # Raised after its kernel ran: written arguments hold exactly what the op documents.
+            expected = row.expect.written(copies)
+            changed = [f"{n} ({problem})" for n in expected if (problem := close(args[n], expected[n]))]
         if not isinstance(row.expect, Raises):
             return {"verdict": "fail", "detail": f"raised {type(error).__name__}: {message}"}
         problems = []
@@ -1024,6 +1303,13 @@ def run_case(spec: OpSpec, row: Row) -> dict[str, Any]:
     if isinstance(row.expect, Raises):
         return {"verdict": "fail", "detail": f"returned, expected {row.expect.exc.__name__} naming {row.expect.names}"}
     problem = judge_success(spec, row, copies, args, result)
+    if cuda and not problem:
+        want = row.expect.recorded
+        got = pop_records(CUDA0)
+        for package, recorded in got.items():
+            expected = tuple(want[1:]) if want and want[0] == package else None
+            if recorded != expected:
+                problem = f"{package}'s device-error record holds {recorded}, expected {expected}"
     return {"verdict": "fail", "detail": problem} if problem else {"verdict": "correct"}
 
 
@@ -1032,7 +1318,7 @@ def worker_main() -> None:
     on the original stdout; everything else printed goes to stderr."""
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    cases = build_cases()
+    cases = build_cases()  # the table of $MLLM_KERNEL_FUZZ_DEVICE, set by the parent
     for line in sys.stdin:
         case_id = line.rstrip("\n")
         try:
@@ -1040,6 +1326,12 @@ def worker_main() -> None:
         except BaseException as error:  # noqa: BLE001: the harness itself failed on this case
             answer = {"verdict": "fail", "detail": f"harness error {type(error).__name__}: {error}"}
         answers.write(json.dumps({"id": case_id, **answer}) + "\n")
+        if _MODE["device"] == "cuda" and answer["verdict"] == "fail":
+            try:  # a CUDA error is sticky: a fresh worker for the next case
+                torch.cuda.synchronize()
+                torch.empty(1, device=CUDA0).add_(1).item()
+            except Exception:  # noqa: BLE001
+                os._exit(3)
 
 
 # ----------------------------------------------------------------------------- the worker pool
@@ -1049,17 +1341,18 @@ CASE_TIMEOUT_S = float(os.environ.get("MLLM_HOSTILE_CASE_TIMEOUT", "120"))
 
 
 class Worker:
-    """A long-lived `python -c` that runs cases; restarted after it dies or hangs."""
+    """A long-lived `python -c` that runs cases of one table; restarted after it dies or hangs."""
 
-    def __init__(self):
+    def __init__(self, device: str = "cpu"):
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.device = device
 
     def _start(self):
         here = os.path.dirname(os.path.abspath(__file__))
         code = WORKER_CODE.format(path=[here, *sys.path], module=os.path.splitext(os.path.basename(__file__))[0])
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1, env={**os.environ, FUZZ_DEVICE_ENV: self.device})
 
     def run(self, case_id: str) -> dict[str, Any]:
         if self.proc is None or self.proc.poll() is not None:
@@ -1091,13 +1384,13 @@ class Worker:
             self.proc.wait(timeout=30)
 
 
-def run_all(case_ids: list[str], workers: int) -> list[dict[str, Any]]:
+def run_all(case_ids: list[str], workers: int, device: str = "cpu") -> list[dict[str, Any]]:
     results: list[dict[str, Any] | None] = [None] * len(case_ids)
     next_index = iter(range(len(case_ids)))
     lock = threading.Lock()
 
     def loop():
-        worker = Worker()
+        worker = Worker(device)
         try:
             while True:
                 with lock:
@@ -1124,14 +1417,20 @@ def test_every_public_op_has_rows():
     assert not missing, f"public ops without rows in the hostile-input table: {missing}"
 
 
-def test_hostile_inputs():
-    cases = build_cases()
+@pytest.mark.parametrize("device", TABLE_DEVICES)
+def test_hostile_inputs(device):
+    chosen = os.environ.get(FUZZ_DEVICE_ENV)
+    if chosen and chosen != device:
+        pytest.skip(f"{FUZZ_DEVICE_ENV}={chosen}")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("the CUDA table needs a CUDA device (torch.cuda.is_available() is False)")
+    cases = build_cases(device)
     ids = list(cases)
     only = os.environ.get("MLLM_HOSTILE_ONLY")  # a substring of case ids, for local runs
     if only:
         ids = [i for i in ids if only in i]
     start = time.monotonic()
-    results = run_all(ids, workers=max(1, min(2, os.cpu_count() or 1)))
+    results = run_all(ids, workers=max(1, min(2, os.cpu_count() or 1)), device=device)
     failures = [r for r in results if r["verdict"] == "fail"]
     raised = sum(r["verdict"] == "raised" for r in results)
     correct = sum(r["verdict"] == "correct" for r in results)
@@ -1146,10 +1445,62 @@ def test_hostile_inputs():
         print(f"  {name:<34} {n:4d} cases  {bad:3d} failed")
     for r in failures:
         print(f"FAIL {r['id']}: {r['detail']}")
-    print(f"hostile inputs: {len(ids)} cases, {raised} raised cleanly, {correct}/{allowed} allowed successes "
-          f"correct, {len(failures)} failures ({time.monotonic() - start:.1f} s)")
-    assert not failures, f"{len(failures)} of {len(ids)} hostile-input cases failed (listed above)"
+    gpus = f", {_MODE['gpus']} GPUs" if device == "cuda" else ""
+    print(f"hostile inputs ({device}{gpus}): {len(ids)} cases, {raised} raised cleanly, {correct}/{allowed} allowed "
+          f"successes correct, {len(failures)} failures ({time.monotonic() - start:.1f} s)")
+    assert not failures, f"{len(failures)} of {len(ids)} hostile-input ({device}) cases failed (listed above)"
+
+
+def dry_run(device: str, gpus: int | None = None, stand_in: dict[str, str] | None = None) -> dict[str, tuple[OpSpec, Row]]:
+    """Builds a table and prepares every case without calling an op: mutations, placement (with
+    `stand_in` devices, e.g. meta for CUDA), the references of successes and of partial writes."""
+    cases = build_cases(device, gpus)
+    for case_id, (spec, row) in cases.items():
+        try:
+            _, copies = prepare(spec, row, stand_in)
+            if isinstance(row.expect, Succeeds) and (row.reference or spec.reference):
+                (row.reference or spec.reference)(copies)
+            if isinstance(row.expect, Raises) and row.expect.written is not None:
+                row.expect.written(copies)
+        except Exception as error:
+            raise AssertionError(f"{case_id}: {type(error).__name__}: {error}") from error
+    return cases
+
+
+def test_cuda_table_builds():
+    """The CUDA table (with the cuda:1 rows of two GPUs) builds and prepares on any machine."""
+    cases = dry_run("cuda", gpus=2, stand_in={CUDA0: "meta", CUDA1: "meta"})
+    cpu = build_cases("cpu")
+    assert set(cpu) <= set(cases), sorted(set(cpu) - set(cases))[:5]
+    device_cases = [i for i, (_, row) in cases.items() if row.placement is not None]
+    assert device_cases and all(isinstance(cases[i][1].expect, Succeeds) or cases[i][1].expect.names for i in device_cases)
+    differs = [i for i in cpu if type(cpu[i][1].expect) is not type(cases[i][1].expect)]
+    print(f"\nCUDA table: {len(cases)} cases ({len(cpu)} of the CPU table, {len(differs)} of them expected to "
+          f"succeed on CUDA; {len(device_cases)} device rows; {len(cases) - len(cpu) - len(device_cases)} CUDA-only rows)")
+
+
+def list_cases(device: str, gpus: int | None = None) -> None:
+    for case_id, (_, row) in build_cases(device, gpus).items():
+        e = row.expect
+        if isinstance(e, Raises):
+            what = f"raises {e.exc.__name__} naming {', '.join(e.names) or '(the op)'}" + (
+                " (may write)" if e.written else "")
+        else:
+            what = "succeeds" + (f", records {e.recorded}" if e.recorded else "")
+        print(f"{case_id}  ->  {what}")
 
 
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--list", action="store_true", help="print the table's cases and expectations; run nothing")
+    parser.add_argument("--device", choices=TABLE_DEVICES, default=None, help=f"default: ${FUZZ_DEVICE_ENV} or cpu")
+    parser.add_argument("--gpus", type=int, default=None, help="with --list: GPUs to assume (default: visible)")
+    options = parser.parse_args()
+    if options.list:
+        list_cases(options.device or fuzz_device(), options.gpus)
+        raise SystemExit(0)
+    if options.device:
+        os.environ[FUZZ_DEVICE_ENV] = options.device
     raise SystemExit(pytest.main([__file__, "-v", "-s"]))

@@ -11,6 +11,7 @@
 
 #include <mllm_kernel/dispatch.hpp>
 #include <mllm_kernel/overlap.hpp>
+#include <mllm_kernel/rows.hpp>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.hpp>
 #include <tvm/ffi/container/tensor.h>
@@ -36,28 +37,16 @@ struct ActArgs {
 template <DLDeviceType kDev>
 ActArgs VerifyActAndMul(const char* op, tvm::ffi::TensorView out, tvm::ffi::TensorView x) {
   using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize rows{"num_tokens"}, d{"d"}, two_d{"2*d"}, out_stride{"out_row_stride"},
-      x_stride{"x_row_stride"};
+  SymbolicSize rows{"num_tokens"}, d{"d"}, two_d{"2*d"};
   SymbolicDType dtype{"dtype"};
   SymbolicDevice device{"device"};
-  TensorMatcher({rows, two_d})
-      .for_op(op)
-      .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
-      .with_device<kDev>(device)
-      .with_strides({x_stride, 1})
-      .verify(x, "x");
+  const int64_t x_stride = VerifyFloatRows<kDev>(op, x, "x", rows, two_d, dtype, device);
   ValueCheck(two_d.unwrap() % 2 == 0, op, ": argument 'x': the last dim must be even (2*d), got ",
              two_d.unwrap());
   d.set_value(two_d.unwrap() / 2);
-  TensorMatcher({rows, d})
-      .for_op(op)
-      .with_dtype(dtype)
-      .with_device(device)
-      .with_strides({out_stride, 1})
-      .verify(out, "out");
+  const int64_t out_stride = VerifyFloatRows<kDev>(op, out, "out", rows, d, dtype, device);
   CheckNoAliasing(op, {{out, "out"}}, {{x, "x"}});
-  return {dtype.unwrap(), device.unwrap(), rows.unwrap(), d.unwrap(), out_stride.unwrap(),
-          x_stride.unwrap()};
+  return {dtype.unwrap(), device.unwrap(), rows.unwrap(), d.unwrap(), out_stride, x_stride};
 }
 
 }  // namespace mllm_kernel::activation

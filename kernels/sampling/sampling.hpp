@@ -12,6 +12,7 @@
 
 #include <mllm_kernel/dispatch.hpp>
 #include <mllm_kernel/overlap.hpp>
+#include <mllm_kernel/rows.hpp>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.hpp>
 #include <tvm/ffi/container/tensor.h>
@@ -38,19 +39,14 @@ struct SampleVerifier {
   /*! \brief The [batch, vocab] scores (logits or probs). */
   SampleArgs Rows(const char* name, tvm::ffi::TensorView x) {
     using namespace mllm_kernel::host;  // NOLINT(*)
-    SymbolicSize vocab{"vocab"}, stride{"row_stride"};
+    SymbolicSize vocab{"vocab"};
     SymbolicDType dtype{"dtype"};
-    TensorMatcher({batch, vocab})
-        .for_op(op)
-        .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
-        .with_device<kDev>(device)
-        .with_strides({stride, 1})
-        .verify(x, name);
+    const int64_t stride = VerifyFloatRows<kDev>(op, x, name, batch, vocab, dtype, device);
     ValueCheck(vocab.unwrap() > 0, op, ": argument '", name, "': the vocab dim must be non-empty");
     if constexpr (kDev == kDLCUDA) {
       RuntimeCheck(batch.unwrap() <= 0x7fffffff, op, ": batch ", batch.unwrap(), " is too large");
     }
-    return {dtype.unwrap(), device.unwrap(), batch.unwrap(), vocab.unwrap(), stride.unwrap()};
+    return {dtype.unwrap(), device.unwrap(), batch.unwrap(), vocab.unwrap(), stride};
   }
 
   /*! \brief out: int64 [batch]. */

@@ -11,6 +11,7 @@
 
 #include <mllm_kernel/dispatch.hpp>
 #include <mllm_kernel/overlap.hpp>
+#include <mllm_kernel/rows.hpp>
 #include <mllm_kernel/tensor.hpp>
 #include <mllm_kernel/utils.hpp>
 #include <tvm/ffi/container/tensor.h>
@@ -32,23 +33,14 @@ struct SoftmaxArgs {
 template <DLDeviceType kDev>
 SoftmaxArgs VerifySoftmax(const char* op, tvm::ffi::TensorView out, tvm::ffi::TensorView x) {
   using namespace mllm_kernel::host;  // NOLINT(*)
-  SymbolicSize rows{"rows"}, vocab{"vocab"}, x_stride{"x_row_stride"};
+  SymbolicSize rows{"rows"}, vocab{"vocab"};
   SymbolicDType dtype{"dtype"};
   SymbolicDevice device{"device"};
   // x first: a bad x is named as x, not as the out that the Python op allocated from it.
-  TensorMatcher({rows, vocab})
-      .for_op(op)
-      .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
-      .with_device<kDev>(device)
-      .with_strides({x_stride, 1})
-      .verify(x, "x");
-  TensorMatcher({rows, vocab})
-      .for_op(op)
-      .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
-      .with_device<kDev>(device)
-      .verify(out, "out");
+  const int64_t x_stride = VerifyFloatRows<kDev>(op, x, "x", rows, vocab, dtype, device);
+  TensorMatcher({rows, vocab}).for_op(op).with_dtype(dtype).with_device(device).verify(out, "out");
   CheckNoAliasing(op, {{out, "out"}}, {{x, "x"}});
-  return {dtype.unwrap(), device.unwrap(), rows.unwrap(), vocab.unwrap(), x_stride.unwrap()};
+  return {dtype.unwrap(), device.unwrap(), rows.unwrap(), vocab.unwrap(), x_stride};
 }
 
 /*!
