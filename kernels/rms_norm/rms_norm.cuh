@@ -21,6 +21,7 @@
 #include "rms_norm.hpp"
 
 #include <algorithm>
+#include <cfloat>
 #include <cstdint>
 #include <type_traits>
 
@@ -31,11 +32,12 @@ namespace rms_norm_detail {
 using device::bf16_t;
 using device::fp16_t;
 
-// 1 / sqrt(mean + eps); 0 when mean + eps is 0 (an all-zero row with eps = 0: the row stays
-// zeros instead of 0 * inf = NaN). A NaN mean stays NaN. One branch per row.
+// 1 / sqrt(mean + eps); a mean + eps of 0 (an all-zero row with eps = 0) is taken as FLT_MIN, so
+// the row stays zeros (0 * finite) instead of 0 * inf = NaN. A NaN mean stays NaN. The select is
+// on rsqrtf's input (a data select, no branch around it): this is the 1-row latency path.
 __device__ __forceinline__ float InvRms(float sum_sq, int64_t d, float eps) {
   const float ms = sum_sq / static_cast<float>(d) + eps;
-  return ms == 0.0f ? 0.0f : rsqrtf(ms);
+  return rsqrtf(ms == 0.0f ? FLT_MIN : ms);
 }
 
 // Block size bound of the scalar kernels (host::plan_rows gives them at most 256 threads).
