@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from mllm_kernel.kernels.activation import gelu_and_mul, silu_and_mul
-from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
+from mllm_kernel.kernels.checks import FLOATS, Checks, bench_case, bench_grid, dtype_name
 
 
 def ref_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -55,24 +55,15 @@ def _eager_gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
 
 
 def benchmark_cases(device: str) -> list[dict]:
-    shapes = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
-    dtypes = CUDA_DTYPES if device == "cuda" else CPU_DTYPES
-    gen = torch.Generator(device=device).manual_seed(0)
     cases = []
-    for dtype in dtypes:
-        size = torch.finfo(dtype).bits // 8
-        for rows, cols in shapes:
-            x = torch.randn(rows, cols, generator=gen, device=device, dtype=dtype)
-            common = {
-                "shape": f"{rows}x{cols}",
-                "dtype": str(dtype).removeprefix("torch."),
-                "bytes": (rows * cols + rows * (cols // 2)) * size,  # read x, write out
-            }
-            cases.append({**common, "op": "silu_and_mul",
-                          "ours": lambda x=x: silu_and_mul(x), "eager": lambda x=x: _eager_silu(x)})
-            cases.append({**common, "op": "gelu_and_mul",
-                          "ours": lambda x=x: gelu_and_mul(x), "eager": lambda x=x: _eager_gelu(x, "none")})
-            cases.append({**common, "op": "gelu_tanh_and_mul",
-                          "ours": lambda x=x: gelu_and_mul(x, approximate="tanh"),
-                          "eager": lambda x=x: _eager_gelu(x, "tanh")})
+    for dtype, size, (rows, cols), gen in bench_grid(device, (CUDA_DTYPES, CUDA_SHAPES), (CPU_DTYPES, CPU_SHAPES)):
+        x = torch.randn(rows, cols, generator=gen, device=device, dtype=dtype)
+        shape, nbytes = f"{rows}x{cols}", (rows * cols + rows * (cols // 2)) * size  # read x, write out
+        cases += [
+            bench_case("silu_and_mul", shape, dtype, lambda x=x: silu_and_mul(x), lambda x=x: _eager_silu(x), nbytes),
+            bench_case("gelu_and_mul", shape, dtype, lambda x=x: gelu_and_mul(x),
+                       lambda x=x: _eager_gelu(x, "none"), nbytes),
+            bench_case("gelu_tanh_and_mul", shape, dtype, lambda x=x: gelu_and_mul(x, approximate="tanh"),
+                       lambda x=x: _eager_gelu(x, "tanh"), nbytes),
+        ]
     return cases

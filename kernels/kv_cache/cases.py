@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
+from mllm_kernel.kernels.checks import FLOATS, Checks, bench_case, dtype_name
 from mllm_kernel.kernels.kv_cache import store_kv_cache
 
 
@@ -60,14 +60,9 @@ def _case(device, tokens, kv_heads, head_dim, block_size, dtype, fused):
         v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, v)
 
     row_bytes = kv_heads * head_dim * k.element_size()
-    return {
-        "op": "store_kv_cache" + ("[fused_qkv]" if fused else ""),
-        "shape": f"T={tokens} KH={kv_heads} D={head_dim} block={block_size}",
-        "dtype": str(dtype).removeprefix("torch."),
-        "ours": ours,
-        "eager": eager,
-        "bytes": 4 * tokens * row_bytes + tokens * 8,  # read k, v; write 2 cache rows; slots
-    }
+    return bench_case("store_kv_cache" + ("[fused_qkv]" if fused else ""),
+                      f"T={tokens} KH={kv_heads} D={head_dim} block={block_size}", dtype, ours, eager,
+                      4 * tokens * row_bytes + tokens * 8)  # read k, v; write 2 cache rows; slots
 
 
 def benchmark_cases(device: str) -> list[dict]:

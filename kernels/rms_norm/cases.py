@@ -2,7 +2,7 @@
 
 import torch
 
-from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
+from mllm_kernel.kernels.checks import FLOATS, Checks, bench_case, bench_grid, dtype_name
 from mllm_kernel.kernels.rms_norm import fused_add_rms_norm, rms_norm
 
 EPS = 1e-6
@@ -58,35 +58,20 @@ def _eager_fused(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor):
 
 
 def benchmark_cases(device: str) -> list[dict]:
-    shapes = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
-    dtypes = CUDA_DTYPES if device == "cuda" else CPU_DTYPES
-    gen = torch.Generator(device=device).manual_seed(0)
     cases = []
-    for dtype in dtypes:
-        size = torch.finfo(dtype).bits // 8
-        for rows, hidden in shapes:
-            x = torch.randn(rows, hidden, generator=gen, device=device, dtype=dtype)
-            r = torch.randn(rows, hidden, generator=gen, device=device, dtype=dtype)
-            w = torch.randn(hidden, generator=gen, device=device, dtype=dtype)
-            shape = f"{rows}x{hidden}"
-            name = dtype_name(dtype)
-            cases.append({
-                "op": "rms_norm",
-                "shape": shape,
-                "dtype": name,
-                "ours": lambda x=x, w=w: rms_norm(x, w, EPS),
-                "eager": lambda x=x, w=w: _eager_rms_norm(x, w),
-                "bytes": (2 * rows * hidden + hidden) * size,  # read x (+ weight), write out
-            })
-            # In place on its own copies: repeated calls keep values finite (x is normalized
-            # each call; the residual grows by O(1) per call).
-            xf, rf = x.clone(), r.clone()
-            cases.append({
-                "op": "fused_add_rms_norm",
-                "shape": shape,
-                "dtype": name,
-                "ours": lambda x=xf, r=rf, w=w: fused_add_rms_norm(x, r, w, EPS),
-                "eager": lambda x=x, r=r, w=w: _eager_fused(x, r, w),
-                "bytes": (4 * rows * hidden + hidden) * size,  # read x, r (+ weight), write x, r
-            })
+    for dtype, size, (rows, hidden), gen in bench_grid(device, (CUDA_DTYPES, CUDA_SHAPES), (CPU_DTYPES, CPU_SHAPES)):
+        x = torch.randn(rows, hidden, generator=gen, device=device, dtype=dtype)
+        r = torch.randn(rows, hidden, generator=gen, device=device, dtype=dtype)
+        w = torch.randn(hidden, generator=gen, device=device, dtype=dtype)
+        shape = f"{rows}x{hidden}"
+        cases.append(bench_case("rms_norm", shape, dtype, lambda x=x, w=w: rms_norm(x, w, EPS),
+                                lambda x=x, w=w: _eager_rms_norm(x, w),
+                                (2 * rows * hidden + hidden) * size))  # read x (+ weight), write out
+        # In place on its own copies: repeated calls keep values finite (x is normalized each
+        # call; the residual grows by O(1) per call).
+        xf, rf = x.clone(), r.clone()
+        cases.append(bench_case("fused_add_rms_norm", shape, dtype,
+                                lambda x=xf, r=rf, w=w: fused_add_rms_norm(x, r, w, EPS),
+                                lambda x=x, r=r, w=w: _eager_fused(x, r, w),
+                                (4 * rows * hidden + hidden) * size))  # read x, r (+ weight), write x, r
     return cases

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
+from mllm_kernel.kernels.checks import FLOATS, Checks, bench_case, dtype_name
 from mllm_kernel.kernels.rope import apply_rope
 
 
@@ -78,14 +78,9 @@ def _case(device, tokens, heads, kv_heads, head_dim, rot_dim, dtype, is_neox):
 
     elem = q.element_size()
     rotated = tokens * (heads + kv_heads) * rot_dim * elem  # only the rotated dims move
-    return {
-        "op": "apply_rope" + ("" if is_neox else "[gptj]"),
-        "shape": f"T={tokens} H={heads} KH={kv_heads} D={head_dim} rot={rot_dim}",
-        "dtype": str(dtype).removeprefix("torch."),
-        "ours": ours,
-        "eager": eager,
-        "bytes": 2 * rotated + tokens * 8 + tokens * rot_dim * 4,
-    }
+    return bench_case("apply_rope" + ("" if is_neox else "[gptj]"),
+                      f"T={tokens} H={heads} KH={kv_heads} D={head_dim} rot={rot_dim}", dtype, ours, eager,
+                      2 * rotated + tokens * 8 + tokens * rot_dim * 4)
 
 
 def benchmark_cases(device: str) -> list[dict]:

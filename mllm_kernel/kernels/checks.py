@@ -17,6 +17,22 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def bench_case(op: str, shape: str, dtype: torch.dtype, ours, eager, nbytes: int, **options) -> dict:
+    """One row of benchmarks/bench_ops.py: zero-argument callables `ours` and `eager` (checked
+    against each other, then timed) moving at least `nbytes`; options: check=False, graph=False."""
+    return {"op": op, "shape": shape, "dtype": dtype_name(dtype), "ours": ours, "eager": eager,
+            "bytes": nbytes, **options}
+
+
+def bench_grid(device: str, cuda: tuple, cpu: tuple):
+    """(dtype, element size, shape, generator) over the (dtypes, shapes) of the device."""
+    dtypes, shapes = cuda if device == "cuda" else cpu
+    gen = torch.Generator(device=device).manual_seed(0)
+    for dtype in dtypes:
+        for shape in shapes:
+            yield dtype, torch.finfo(dtype).bits // 8, shape, gen
+
+
 class Checks:
     def __init__(self, device: str, seed: int = 1234):
         self.device = device
