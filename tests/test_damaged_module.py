@@ -27,9 +27,6 @@ except ImportError:  # run as a plain script from a checkout
 from mllm_kernel.jit_utils import JitSpec, make_spec
 
 PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
-# Bazel gives Highway as a runfiles-relative path; these tests change directories.
-if os.environ.get("MLLM_KERNEL_HIGHWAY_HEADER"):
-    os.environ["MLLM_KERNEL_HIGHWAY_HEADER"] = os.path.abspath(os.environ["MLLM_KERNEL_HIGHWAY_HEADER"])
 TIMEOUT_S = 600
 
 KERNEL = """\
