@@ -7,6 +7,7 @@ VERSION = "0.1.0"
 
 KERNELS = [
     "add_constant",
+    "decode_attention",
     "activation",
     "embedding",
     "kv_cache",

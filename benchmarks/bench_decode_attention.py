@@ -1,0 +1,279 @@
+"""decode_attention on the GPU against FlashInfer's paged decode and torch SDPA, per KV byte.
+
+    python3 benchmarks/bench_decode_attention.py [--batches 1,8,64,256] [--contexts 512,4096,32768,131072]
+                                                 [--iters 50] [--json PATH] [--no-flashinfer] [--no-sdpa]
+
+From the repository root it measures the checkout's mllm_kernel (as bench_ops.py does); copy it out
+of the checkout to measure an installed wheel. FlashInfer is optional (its columns stay empty if
+`import flashinfer` fails; device_carry/flashinfer/install.sh installs a slim copy on the GPU machine).
+
+Shapes: bf16, head_dim 128, 32 query / 8 KV heads, block (page) size 16, every request of a row
+`context` tokens long, block ids shuffled over the cache. Rows whose KV exceeds --max-kv-gb are
+skipped; batch 64 x 2048 is added to compare with batch 1 x 131072 (the same KV bytes).
+
+Timing: CUDA events around replays of a CUDA graph that calls the op once per input set, median
+of --iters replays after a warm-up. Small rows rotate several input sets (disjoint blocks of one
+cache, own q and block table each) so that one replay reads >= 4x the L2 cache. GB/s = K + V bytes
+of the attended keys / time; "% copy" against a device-to-device `copy_` of a large tensor in the
+same run (bytes = read + write, launched eagerly, median). FlashInfer: BatchDecodeWithPagedKVCache
+Wrapper (NHD layout = our [num_blocks, block_size, kv_heads, head_dim]; one wrapper per input set,
+plan() once per set, its host time reported separately, run() timed). SDPA:
+F.scaled_dot_product_attention(enable_gqa=True) on K/V gathered in advance (only the call is timed;
+skipped where the gathered copy does not fit). Every implementation is checked before timing: max
+|err| against a float64 reference on the first requests, and max |diff| against ours on all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+if (REPO / "mllm_kernel").is_dir() and str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the checkout's mllm_kernel, as bench_ops.py (copy the script out to use a wheel)
+from mllm_kernel.kernels.decode_attention import decode_attention  # noqa: E402
+from mllm_kernel.kernels.decode_attention.cases import ref_decode_attention  # noqa: E402
+
+try:
+    import flashinfer
+    from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
+except Exception as error:  # noqa: BLE001 - any import failure: no FlashInfer column
+    flashinfer, FLASHINFER_ERROR = None, f"{type(error).__name__}: {error}"
+
+H, KH, D, BS, DTYPE = 32, 8, 128, 16, torch.bfloat16
+REF_ROWS = 4  # requests checked against the float64 reference
+
+
+def time_graph(calls, iters: int, min_ms: float = 1.0) -> tuple[float, str]:
+    """Median µs per call: a CUDA graph of `passes` passes over `calls`, replayed `iters` times
+    between CUDA events. Falls back to launching the calls (marked †) if capture fails."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch recommends
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for call in calls:
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    passes = max(1, math.ceil(min_ms / max(start.elapsed_time(end), 1e-3)))
+
+    def body():
+        for _ in range(passes):
+            for call in calls:
+                call()
+
+    how, run = "graph", body
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            body()
+        run = graph.replay
+    except Exception:  # noqa: BLE001 - not capturable: time launches
+        how = "launch †"
+        torch.cuda.synchronize()
+    run()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for a, b in pairs:
+        a.record()
+        run()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in pairs) * 1e3 / (passes * len(calls)), how
+
+
+def copy_gbps(iters: int) -> float:
+    """Device-to-device copy of a large float32 tensor, launched eagerly: bytes read + written."""
+    n = min(1 << 30, torch.cuda.mem_get_info()[0] // 8) // 4
+    src, dst = torch.ones(n, device="cuda"), torch.empty(n, device="cuda")
+    for _ in range(3):
+        dst.copy_(src)
+    samples = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b))
+    return 2 * n * 4 / (statistics.median(samples) * 1e-3) / 1e9
+
+
+def make_sets(batch: int, context: int, l2_bytes: int):
+    """A shared cache and the input sets (q, block_table, seq_lens) that rotate over it."""
+    pages = -(-context // BS)
+    set_bytes = 2 * batch * context * KH * D * DTYPE.itemsize
+    num_sets = max(1, min(128, math.ceil(4 * l2_bytes / set_bytes)))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    num_blocks = num_sets * batch * pages
+    k_cache = torch.randn(num_blocks, BS, KH, D, device="cuda", dtype=DTYPE, generator=gen)
+    v_cache = torch.randn(num_blocks, BS, KH, D, device="cuda", dtype=DTYPE, generator=gen)
+    ids = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32).view(num_sets, batch, pages)
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    sets = [(torch.randn(batch, H, D, device="cuda", dtype=DTYPE, generator=gen), ids[i].contiguous(), lens)
+            for i in range(num_sets)]
+    return k_cache, v_cache, sets, set_bytes
+
+
+def flashinfer_runs(k_cache, v_cache, sets, context, args):
+    """One planned wrapper per set; returns (run callables, outs, median plan µs, backend)."""
+    pages = -(-context // BS)
+    workspace = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")  # shared: runs are sequential
+    calls, outs, plan_us, backend = [], [], [], None
+    for q, table, lens in sets:
+        batch = q.shape[0]
+        wrapper = BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=args.fi_tensor_cores,
+                                                     backend=args.fi_backend)
+        indptr = torch.arange(0, (batch + 1) * pages, pages, dtype=torch.int32, device="cuda")
+        indices = table.reshape(-1)
+        last = (lens - (pages - 1) * BS).to(torch.int32)
+        t0 = time.perf_counter()
+        wrapper.plan(indptr, indices, last, H, KH, D, BS, pos_encoding_mode="NONE", q_data_type=DTYPE,
+                     kv_data_type=DTYPE)
+        plan_us.append((time.perf_counter() - t0) * 1e6)
+        backend = getattr(wrapper, "resolved_backend", None) or getattr(wrapper, "_backend", None)
+        out = torch.empty_like(q)
+        outs.append(out)
+        calls.append(lambda w=wrapper, q=q, out=out: w.run(q, (k_cache, v_cache), out=out))
+    # The first plan may JIT-load the module: report the median of the rest.
+    return calls, outs, statistics.median(plan_us[1:] if len(plan_us) > 1 else plan_us), backend
+
+
+def gathered(k_cache, v_cache, table, context):
+    """K, V [B, KH, context, D] of a block table, contiguous."""
+    b, pages = table.shape
+    k = k_cache[table.long()].view(b, pages * BS, KH, D)[:, :context].transpose(1, 2).contiguous()
+    v = v_cache[table.long()].view(b, pages * BS, KH, D)[:, :context].transpose(1, 2).contiguous()
+    return k, v
+
+
+def bench_row(batch: int, context: int, args, l2_bytes: int, copy: float) -> dict:
+    k_cache, v_cache, sets, set_bytes = make_sets(batch, context, l2_bytes)
+    row = {"batch": batch, "context": context, "kv_mb": set_bytes / 1e6, "sets": len(sets)}
+    outs = [torch.empty_like(q) for q, _, _ in sets]
+    ours = [lambda q=q, t=t, n=n, o=o, kc=k_cache, vc=v_cache: decode_attention(q, kc, vc, t, n, out=o)
+            for (q, t, n), o in zip(sets, outs)]
+    q0, t0, n0 = sets[0]
+    r = min(batch, REF_ROWS)
+    want, _ = ref_decode_attention(q0[:r], k_cache, v_cache, t0[:r], n0[:r])
+
+    def err(out):
+        return (out[:r].double().cpu() - want).abs().max().item()
+
+    ours[0]()
+    row["err_ours"] = err(outs[0])
+    row["ours_us"], row["ours_how"] = time_graph(ours, args.iters)
+    row["gbps"] = set_bytes / row["ours_us"] / 1e3
+    row["pct_copy"] = 100 * row["gbps"] / copy
+    if flashinfer is not None and not args.no_flashinfer:
+        try:
+            fi_calls, fi_outs, row["fi_plan_us"], row["fi_backend"] = flashinfer_runs(k_cache, v_cache, sets, context,
+                                                                                      args)
+            fi_calls[0]()
+            row["err_fi"], row["diff_fi"] = err(fi_outs[0]), (fi_outs[0] - outs[0]).abs().max().item()
+            row["fi_us"], row["fi_how"] = time_graph(fi_calls, args.iters)
+            row["vs_fi"] = row["fi_us"] / row["ours_us"]
+            del fi_calls, fi_outs
+        except Exception as error:  # noqa: BLE001 - report and go on
+            row["fi_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+    torch.cuda.empty_cache()
+    if not args.no_sdpa and 2.2 * set_bytes * len(sets) < torch.cuda.mem_get_info()[0]:
+        kv = [gathered(k_cache, v_cache, t, context) for _, t, _ in sets]
+        sdpa_out = [None]
+
+        def sdpa(q, k, v):
+            sdpa_out[0] = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, enable_gqa=True).squeeze(2)
+
+        sdpa_calls = [lambda q=q, k=k, v=v: sdpa(q, k, v) for (q, _, _), (k, v) in zip(sets, kv)]
+        sdpa_calls[0]()
+        row["err_sdpa"], row["diff_sdpa"] = err(sdpa_out[0]), (sdpa_out[0] - outs[0]).abs().max().item()
+        row["sdpa_us"], row["sdpa_how"] = time_graph(sdpa_calls, args.iters)
+        row["vs_sdpa"] = row["sdpa_us"] / row["ours_us"]
+        del kv, sdpa_calls, sdpa_out
+    del k_cache, v_cache, sets, outs, ours
+    torch.cuda.empty_cache()
+    return row
+
+
+def fmt(row: dict, key: str, spec: str, suffix: str = "") -> str:
+    value = row.get(key)
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| batch | context | KV MB | sets | ours µs | GB/s | % copy | FlashInfer µs | FI plan µs | FI / ours "
+             "| SDPA µs | SDPA / ours | err ours | err FI | err SDPA |",
+             "|" + " ---: |" * 15]
+    for r in rows:
+        lines.append(
+            f"| {r['batch']} | {r['context']} | {r['kv_mb']:.0f} | {r['sets']} "
+            f"| {fmt(r, 'ours_us', '.1f')}{'' if r.get('ours_how') == 'graph' else ' †'} | {fmt(r, 'gbps', '.0f')} "
+            f"| {fmt(r, 'pct_copy', '.0f', '%')} | {fmt(r, 'fi_us', '.1f')} | {fmt(r, 'fi_plan_us', '.0f')} "
+            f"| {fmt(r, 'vs_fi', '.2f', 'x')} | {fmt(r, 'sdpa_us', '.1f')} | {fmt(r, 'vs_sdpa', '.2f', 'x')} "
+            f"| {fmt(r, 'err_ours', '.1e')} | {fmt(r, 'err_fi', '.1e')} | {fmt(r, 'err_sdpa', '.1e')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", default="1,8,64,256")
+    p.add_argument("--contexts", default="512,4096,32768,131072")
+    p.add_argument("--max-kv-gb", type=float, default=30.0, help="skip rows whose K + V exceed this")
+    p.add_argument("--iters", type=int, default=50, help="timed graph replays per implementation")
+    p.add_argument("--no-flashinfer", action="store_true")
+    p.add_argument("--no-sdpa", action="store_true")
+    p.add_argument("--fi-backend", default="auto", help="FlashInfer decode backend (auto, fa2, ...)")
+    p.add_argument("--fi-tensor-cores", action="store_true", help="FlashInfer's tensor-core decode")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    props = torch.cuda.get_device_properties(0)
+    l2_bytes = getattr(props, "L2_cache_size", 50 << 20) or (50 << 20)
+    copy = copy_gbps(20)
+    header = [f"GPU: {props.name}, L2 {l2_bytes / 2**20:.0f} MiB; torch {torch.__version__}",
+              f"FlashInfer: {flashinfer.__version__ if flashinfer else 'not available (' + FLASHINFER_ERROR + ')'}",
+              f"copy roof: {copy:.0f} GB/s (1 GiB float32 copy_, launched, read + write)",
+              f"bf16, head_dim {D}, {H} q / {KH} kv heads, block {BS}; median of {args.iters} graph replays; "
+              "† = launched, not graph-captured"]
+    print("\n".join(header), file=sys.stderr)
+    shapes = [(b, c) for b in map(int, args.batches.split(",")) for c in map(int, args.contexts.split(","))]
+    if (64, 2048) not in shapes:
+        shapes.append((64, 2048))
+    rows = []
+    with torch.inference_mode():
+        for batch, context in shapes:
+            kv_gb = 2 * batch * context * KH * D * DTYPE.itemsize / 1e9
+            if kv_gb > args.max_kv_gb:
+                print(f"skip B={batch} ctx={context}: KV {kv_gb:.1f} GB", file=sys.stderr)
+                continue
+            rows.append(bench_row(batch, context, args, l2_bytes, copy))
+            r = rows[-1]
+            print(f"B={batch} ctx={context}: ours {fmt(r, 'ours_us', '.1f')} us ({fmt(r, 'gbps', '.0f')} GB/s), "
+                  f"FlashInfer {fmt(r, 'fi_us', '.1f')} us {r.get('fi_error', '')}, SDPA {fmt(r, 'sdpa_us', '.1f')} us",
+                  file=sys.stderr, flush=True)
+    print("\n".join(f"- {line}" for line in header) + "\n\n" + markdown(rows))
+    by_shape = {(r["batch"], r["context"]): r for r in rows}
+    long, wide = by_shape.get((1, 131072)), by_shape.get((64, 2048))
+    if long and wide:
+        print(f"\nPer KV byte: batch 1 x 131072 {long['gbps']:.0f} GB/s ({long['ours_us']:.1f} µs) vs batch 64 x 2048 "
+              f"{wide['gbps']:.0f} GB/s ({wide['ours_us']:.1f} µs): {long['gbps'] / wide['gbps']:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"header": header, "copy_gbps": copy, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
