@@ -28,7 +28,7 @@ import math
 import torch
 
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
-from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, expect_tensor, op_specs
+from mllm_kernel.kernels.op_modules import DeviceModules, as_bool, custom_op, expect_tensor, op_specs
 
 EXPORTS = ("decode_attention", "merge_attention_states")
 SPECS = op_specs(__file__, EXPORTS)
@@ -36,15 +36,16 @@ _modules = DeviceModules(SPECS)
 _errors = DeviceErrorRecord("decode_attention", "")  # formatted by _describe_error
 
 MAX_SPLITS = 128  # decode_attention.hpp kMaxSplits
-# Split-KV plan (CUDA): chunks of at least this many keys; CTAs resident per SM that the
-# kernel's launch bounds guarantee (decode_attention.cuh kMinBlocksPerSm: 4, or 2 when a CTA
-# serves more than 4 query heads); query heads one CTA serves (larger groups use several).
+# Split-KV plan (CUDA): chunks of at least MIN_KEYS_PER_SPLIT keys; query heads one CTA serves
+# (decode_attention.cuh kRows; larger groups use several); CTAs resident per SM by head_dim, set
+# by each CTA's shared memory (kSmemBytes: 50, 100 and 200 KiB of the H100's 227).
 MIN_KEYS_PER_SPLIT = 128
-HEADS_PER_CTA = 8
+HEADS_PER_CTA = 16
+CTAS_PER_SM = {64: 4, 128: 2, 256: 1}
 
 
 def _describe_error(index: int, value: int) -> str:
-    # The kernel's encoding (decode_attention.cuh RecordBadIndex): -(b + 1) for seq_lens[b],
+    # The kernel's encoding (decode_attention.cuh, the error record): -(b + 1) for seq_lens[b],
     # b << 32 | j for block_table[b, j].
     if index < 0:
         return (f"seq_lens[{-index - 1}] = {value} is outside [0, max_blocks_per_seq * block_size]; "
@@ -72,7 +73,8 @@ def _raise_recorded(device: torch.device) -> None:
 _sm_counts: dict[torch.device, int] = {}
 
 
-def plan_num_splits(batch: int, num_heads: int, num_kv_heads: int, max_keys: int, device: torch.device) -> int:
+def plan_num_splits(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, max_keys: int,
+                    device: torch.device) -> int:
     """The split count for these shapes on `device` (1 on the CPU): enough CTAs for whole waves
     over the GPU, no chunk shorter than MIN_KEYS_PER_SPLIT keys of max_keys (the block table's
     capacity, not the actual seq_lens, so that the plan is CUDA-graph safe)."""
@@ -83,7 +85,7 @@ def plan_num_splits(batch: int, num_heads: int, num_kv_heads: int, max_keys: int
         sms = _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
     group = max(1, num_heads // max(1, num_kv_heads))
     ctas = batch * num_kv_heads * -(-group // HEADS_PER_CTA)
-    slots = sms * (4 if group <= 4 else 2)
+    slots = sms * CTAS_PER_SM.get(head_dim, 1)
     limit = max(1, min(MAX_SPLITS, max_keys // MIN_KEYS_PER_SPLIT))
     if ctas == 0 or ctas >= 2 * slots:
         return 1
@@ -124,7 +126,7 @@ def _decode_attention(
         raise ValueError(f"decode_attention: q must be [batch, num_heads, head_dim], got shape {tuple(q.shape)}")
     batch, num_heads, head_dim = q.shape
     if num_splits == 0:  # None: plan it (shapes only)
-        key = (batch, num_heads, k_cache.shape[2], block_table.shape[1] * k_cache.shape[1], device)
+        key = (batch, num_heads, k_cache.shape[2], head_dim, block_table.shape[1] * k_cache.shape[1], device)
         num_splits = _plans.get(key)
         if num_splits is None:
             num_splits = _plans[key] = plan_num_splits(*key)
@@ -180,14 +182,22 @@ def decode_attention(
     num_splits: force the split-KV count (1 = no split; None = planned from the shapes).
     num_threads (CPU): threads over (request, kv head) pairs, spawned per call; CUDA ignores it.
     """
-    if type(q) is not torch.Tensor:
+    # q's device too: lse (and out) are allocated on it, and the custom op would name them.
+    if type(q) is not torch.Tensor or q.device.type not in SPECS:
         expect_tensor("decode_attention", "q", q, SPECS)
+    if type(check) is not bool:  # as_bool only then: a call costs a frame on the hot path
+        check = as_bool("decode_attention", "check", check)
+    if type(return_lse) is not bool:
+        return_lse = as_bool("decode_attention", "return_lse", return_lse)
+    if num_splits is not None and not (type(num_splits) is int and 1 <= num_splits <= MAX_SPLITS):
+        if type(num_splits) is not int:
+            raise TypeError(f"decode_attention: num_splits must be None (planned) or an int, "
+                            f"got {type(num_splits).__name__} {num_splits!r}")
+        raise ValueError(f"decode_attention: num_splits must be None (planned) or an int in [1, {MAX_SPLITS}], "
+                         f"got {num_splits!r}")
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    if num_splits is not None and not (type(num_splits) is int and 1 <= num_splits <= MAX_SPLITS):
-        raise ValueError(f"decode_attention: num_splits must be None (planned) or an int in [1, {MAX_SPLITS}], "
-                         f"got {num_splits!r}")
     if scale is None:
         scale = q.shape[-1] ** -0.5 if q.dim() == 3 else 1.0  # the contract rejects other ranks
     _decode_attention(out, lse, q, k_cache, v_cache, block_table, seq_lens, scale, sliding_window,
@@ -211,7 +221,7 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
     [..., num_heads, head_dim] (float32/float16/bfloat16), lse_a, lse_b float32 [..., num_heads]
     (natural log). Returns (v, lse) = the attention over the union: v = (e^lse_a v_a + e^lse_b v_b)
     / (e^lse_a + e^lse_b), lse = log(e^lse_a + e^lse_b); both -inf gives v = 0, lse = -inf."""
-    if type(v_a) is not torch.Tensor:
+    if type(v_a) is not torch.Tensor or v_a.device.type not in SPECS:  # v, lse are allocated on its device
         expect_tensor("merge_attention_states", "v_a", v_a, SPECS)
     if v_a.dim() < 2:
         raise ValueError(f"merge_attention_states: v_a must be [..., num_heads, head_dim], got shape {tuple(v_a.shape)}")
@@ -219,11 +229,16 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
     rows = math.prod(lead)
     v = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
     lse = torch.empty(v_a.shape[:-1], dtype=torch.float32, device=v_a.device)
-    try:
-        views = [t.reshape(rows, *t.shape[len(lead):]) if t.dim() == v_a.dim() - (name[0] == "l") and
-                 t.shape[:len(lead)] == lead else t
-                 for t, name in ((v, "v"), (lse, "lse"), (v_a, "v_a"), (lse_a, "lse_a"), (v_b, "v_b"), (lse_b, "lse_b"))]
-    except AttributeError:
-        views = [v, lse, v_a, lse_a, v_b, lse_b]  # a non-tensor: the custom op names it
+    views = []
+    for t, name in ((v, "v"), (lse, "lse"), (v_a, "v_a"), (lse_a, "lse_a"), (v_b, "v_b"), (lse_b, "lse_b")):
+        if isinstance(t, torch.Tensor):  # a non-tensor: the custom op names it
+            if t.dim() == v_a.dim() - (name[0] == "l") and t.shape[:len(lead)] == lead:
+                t = t.reshape(rows, *t.shape[len(lead):])
+            elif len(lead) != 1:
+                # The contract sees [rows, ...] only: a tensor without v_a's leading dims must not
+                # pass as one that has them (v_b [6, H, D] with v_a [2, 3, H, D]).
+                raise ValueError(f"merge_attention_states: {name} must have the leading dims {tuple(lead)} of v_a "
+                                 f"{tuple(v_a.shape)}, got shape {tuple(t.shape)}")
+        views.append(t)
     _merge_attention_states(*views)
     return v, lse

@@ -6,14 +6,13 @@
  * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
  * mllm_kernel::gpu::decode_attention and mllm_kernel::gpu::merge_attention_states.
  *
- * One CTA serves one (request, KV head, split) and up to kHeads query heads of that KV group,
- * so the group's heads share one pass over the pages. Its 128 threads form lane groups of
- * D / 8 lanes; each lane holds 8 dims (one 16-byte vector) of a key row, a lane group one
- * token. Key and value rows stream through shared memory with cp.async, kRound tokens per lane
- * group a round and kBuffers - 1 rounds in flight while one is consumed; every lane reads back only
- * the bytes it copied itself, so the pipeline needs no barrier. Each lane group keeps its own
- * online-softmax state (in log2 units), merged across the CTA at the end. With num_splits > 1
- * the CTA writes a float32 partial state and MergeSplitsKernel combines them.
+ * One CTA serves one (request, KV head, split) and up to 16 query heads of that KV group, so
+ * the group's heads share one pass over the pages: they are the 16 rows of m16n8k16 tensor-core
+ * products S = q K^T and O += P V (rows past the group are zeros). The CTA's warps take its key
+ * tiles (16 keys) in turn; each warp streams its tiles through its own ring in shared memory with
+ * cp.async (2 tiles in flight while one is consumed) and keeps its own online-softmax state (in
+ * log2 units); the warps' states are merged at the end. With num_splits > 1 the CTA writes a
+ * float32 partial state and MergeSplitsKernel combines them.
  *
  * Bad indices never reach memory: a block id outside [0, num_blocks) masks that block's keys
  * and a seq_len outside [0, max_blocks * block_size] is clamped; the first is recorded in
@@ -38,21 +37,22 @@ namespace decode_attention_detail {
 using device::bf16_t;
 using device::fp16_t;
 
-constexpr int kThreads = 128;
-// CTAs per SM that __launch_bounds__ guarantees (Python's plan_num_splits counts with them):
-// 8 heads hold 64 floats of q and 64 of accumulators a thread and need 2 CTAs' registers.
-template <int kHeads>
-constexpr int kMinBlocksPerSm = kHeads >= 8 ? 2 : 4;
-constexpr int kVec = 8;             // 16-bit elements per 16-byte vector
-// Pipeline shape, measured on an H100 (benchmarks/RESULTS.md): 2 tokens a round and 4 rounds
-// of buffers beat 4 x 3 at short contexts and tie at long ones; 8 x 2 and 4 x 4 were slower.
-constexpr int kRound = 2;    // tokens per lane group per pipeline round
-constexpr int kBuffers = 4;  // rounds held in shared memory (3 in flight while one is consumed)
-constexpr int kStageBytes = kBuffers * kRound * kThreads * 2 * 16;  // K and V rounds
-// Shared memory of a CTA: the pipeline's rounds, then (reused) the lane groups' partial sums,
-// maxima and sums of the epilogue.
-template <int D, int kHeads>
-constexpr int kSmemBytes = std::max(kStageBytes, kHeads * (kThreads * kVec + 2 * kThreads / (D / kVec)) * 4);
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTile = 16;    // keys per warp tile: the k of one m16n8k16 product P . V
+constexpr int kRows = 16;    // query heads per CTA: the m of the tensor-core products
+constexpr int kStages = 3;   // tiles a warp holds in shared memory: 2 in flight, 1 consumed
+constexpr int kChunk = 8;    // 16-bit elements per 16-byte chunk (one cp.async, one ldmatrix row)
+
+// Shared memory of a CTA: q [kRows, D], then each warp's ring of K and V tiles [kTile, D]. The
+// epilogue reuses the rings for the warps' partial states ([kRows, D + 8] floats a warp).
+template <int D>
+constexpr int kTileBytes = kTile * D * 2;
+template <int D>
+constexpr int kSmemBytes = kRows * D * 2 + kWarps * kStages * 2 * kTileBytes<D>;
+template <int D>
+constexpr int kEpilogueStride = D + 8;  // floats; the pad spreads the rows' float2 stores over banks
+static_assert(kWarps * kRows * (kEpilogueStride<64> + 2) * 4 <= kWarps * kStages * 2 * kTileBytes<64>);
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -80,24 +80,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-/*! \brief 8 16-bit values of a 16-byte vector as floats. */
-template <typename T>
-__device__ __forceinline__ void to_floats(const uint4& raw, float (&f)[kVec]) {
-  const auto* pairs = reinterpret_cast<const typename std::conditional_t<
-      std::is_same_v<T, fp16_t>, __half2, __nv_bfloat162>*>(&raw);
-#pragma unroll
-  for (int i = 0; i < kVec / 2; ++i) {
-    float2 v;
-    if constexpr (std::is_same_v<T, fp16_t>) {
-      v = __half22float2(pairs[i]);
-    } else {
-      v = __bfloat1622float2(pairs[i]);
-    }
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
 }
 
 /*! \brief Weights of two softmax states with maxima m_a, m_b (log2 units): e^(m - max). An
@@ -129,166 +111,246 @@ struct DecodeParams {
   bool soft_cap;
 };
 
+// ---------------------------------------------------------------------------- tensor cores
+
+/*! \brief Offset (in 16-byte chunks) of chunk `c` of row `r` in a [rows, D] tile: chunks are
+ * XOR-swizzled by the row so that ldmatrix's 8 row reads hit 8 different bank groups. */
+template <int D>
+__device__ __forceinline__ int swizzle(int r, int c) {
+  return r * (D / kChunk) + (c ^ (r & 7));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+/*! \brief c += a (16x16, row) * b (16x8, col), float32 accumulation. */
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, fp16_t>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+/*! \brief Two floats as one register of T pairs (the lower column in the low half). */
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, fp16_t>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
 // ---------------------------------------------------------------------------- decode
 
-template <typename T, int D, int kHeads>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kHeads>) DecodeKernel(const DecodeParams<T> p) {
-  constexpr int kLanes = D / kVec;              // lanes per token row
-  constexpr int kGroups = kThreads / kLanes;    // tokens in parallel
-  constexpr int kPerRound = kGroups * kRound;   // tokens per CTA round
-  extern __shared__ __align__(16) unsigned char smem[];
-  uint4* k_stage = reinterpret_cast<uint4*>(smem);  // [kBuffers][kRound][kThreads]
-  uint4* v_stage = k_stage + kBuffers * kRound * kThreads;
+/*!
+ * One CTA: (request b, KV head, head chunk, split). Its kWarps warps take the split's key tiles
+ * in turn; each warp streams its tiles through its own ring with cp.async and computes
+ * S = q K^T and O += P V with m16n8k16 tensor-core products (the CTA's <= 16 query heads are the
+ * rows; unused rows are zeros). Online softmax per warp in log2 units; the warps' states are
+ * merged in the epilogue. Fragment layouts are the PTX ISA's for mma.m16n8k16: a lane holds
+ * rows lane / 4 and lane / 4 + 8, columns 2 (lane % 4) and 2 (lane % 4) + 1 of each 8 columns.
+ */
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1) DecodeKernel(const DecodeParams<T> p) {
+  constexpr int kChunks = D / kChunk;              // 16-byte chunks per row: 8, 16, 32
+  constexpr int kRowsPerPass = 32 / kChunks;       // tile rows a warp copies per instruction
+  constexpr int kPasses = kTile / kRowsPerPass;    // copy instructions per tile (K or V)
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint4* q_tile = reinterpret_cast<uint4*>(smem);  // [kRows, D], swizzled
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint4* ring = q_tile + kRows * kChunks + warp * kStages * 2 * kTile * kChunks;  // this warp's
 
-  const int tid = threadIdx.x;
-  const int lane = tid % kLanes;
-  const int grp = tid / kLanes;
   const int split = blockIdx.x;
   const int kvh = blockIdx.y / p.head_chunks;
-  const int head0 = kvh * p.group + (blockIdx.y % p.head_chunks) * kHeads;
-  const int heads = min(kHeads, kvh * p.group + p.group - head0);
+  const int head0 = kvh * p.group + (blockIdx.y % p.head_chunks) * kRows;
+  const int heads = min(kRows, kvh * p.group + p.group - head0);
   const int b = blockIdx.z;
 
   device::pdl_wait_primary();  // q, the cache and seq_lens may come from the previous kernel
 
-  // Keys [first, last) of this split.
+  // q rows of this CTA's heads into shared memory (zeros past `heads`).
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < heads) v = reinterpret_cast<const uint4*>(p.q + b * p.q_stride + static_cast<int64_t>(head0 + r) * D)[c];
+    q_tile[swizzle<D>(r, c)] = v;
+  }
+
+  // Keys [first, last) of this split, cut into tiles of kTile keys.
   int64_t len = p.seq_lens[b];
   if (len < 0 || len > p.max_keys) {
-    if (tid == 0 && split == 0 && blockIdx.y == 0) device::record_error(p.error, -(b + 1), len);
+    if (threadIdx.x == 0 && split == 0 && blockIdx.y == 0) device::record_error(p.error, -(b + 1), len);
     len = len < 0 ? 0 : p.max_keys;
   }
   const int64_t begin = p.window > 0 && len > p.window ? len - p.window : 0;
   const int64_t chunk = (len - begin + p.num_splits - 1) / p.num_splits;
   const int64_t first = begin + split * chunk;
   const int64_t last = min(len, first + chunk);
-  const int rounds = last > first ? static_cast<int>((last - first + kPerRound - 1) / kPerRound) : 0;
-
-  // q of each head, pre-scaled, 8 dims per lane. Heads past `heads` compute on zeros.
-  float q[kHeads][kVec];
-#pragma unroll
-  for (int g = 0; g < kHeads; ++g) {
-    if (g < heads) {
-      uint4 raw = reinterpret_cast<const uint4*>(p.q + b * p.q_stride + static_cast<int64_t>(head0 + g) * D)[lane];
-      to_floats<T>(raw, q[g]);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) q[g][i] *= p.q_scale;
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) q[g][i] = 0.f;
-    }
-  }
+  const int tiles = last > first ? static_cast<int>((last - first + kTile - 1) / kTile) : 0;
+  const int my_tiles = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;
 
   const int32_t* table = p.block_table + b * p.table_stride;
-  const int64_t row = static_cast<int64_t>(p.num_kv_heads) * D;  // elements per token in a block
-  const T* k_head = p.k_cache + static_cast<int64_t>(kvh) * D + lane * kVec;
-  const T* v_head = p.v_cache + static_cast<int64_t>(kvh) * D + lane * kVec;
-  uint32_t valid_bits = 0;  // bit buf * kRound + i: token i of the round in buffer buf is a key
-
-  // Block ids are loaded one round before their copies are issued, so the copies never wait
-  // on a block-table load. -1: no key (past `last`).
-  int32_t blocks[kRound];
-  auto load_blocks = [&](int r) {
-#pragma unroll
-    for (int i = 0; i < kRound; ++i) {
-      const int64_t t = first + static_cast<int64_t>(r) * kPerRound + i * kGroups + grp;
-      blocks[i] = r < rounds && t < last ? table[p.block_size.div(static_cast<uint32_t>(t))] : -1;
-    }
+  const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * D;  // a token's row in a block
+  const int my_chunk = lane % kChunks;
+  const T* k_head = p.k_cache + static_cast<int64_t>(kvh) * D + my_chunk * kChunk;
+  const T* v_head = p.v_cache + static_cast<int64_t>(kvh) * D + my_chunk * kChunk;
+  auto key_of = [&](int i, int pass) {  // key index of this lane's row in the warp's i-th tile
+    return first + static_cast<int64_t>(warp + i * kWarps) * kTile + pass * kRowsPerPass + lane / kChunks;
   };
 
-  // Copies round r's tokens (block ids in `blocks`) into buffer `buf`, then loads round r + 1's
-  // block ids. Tokens past `last` and bad blocks zero-fill and are masked.
-  auto issue = [&](int r, int buf) {
+  // Block ids of the next tile's rows, loaded one tile ahead of their copies (-1: past `last`).
+  int32_t blocks[kPasses];
+  auto load_blocks = [&](int i) {
 #pragma unroll
-    for (int i = 0; i < kRound; ++i) {
-      const int64_t t = first + static_cast<int64_t>(r) * kPerRound + i * kGroups + grp;
-      const int32_t block = blocks[i];
-      bool valid = block >= 0 && block < p.num_blocks;
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int64_t t = key_of(i, pass);
+      blocks[pass] = i < my_tiles && t < last ? table[p.block_size.div(static_cast<uint32_t>(t))] : -1;
+    }
+  };
+  uint32_t key_mask[kStages];  // bit r: row r of the tile in that stage is a key (warp-uniform)
+
+  // Copies the warp's i-th tile into `stage`; rows past `last` or in a bad block zero-fill.
+  auto issue = [&](int i, int stage) {
+    uint4* k_tile = ring + stage * 2 * kTile * kChunks;
+    uint4* v_tile = k_tile + kTile * kChunks;
+    uint32_t mask = 0;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int row = pass * kRowsPerPass + lane / kChunks;
+      const int64_t t = key_of(i, pass);
+      const int32_t block = blocks[pass];
+      const bool valid = block >= 0 && block < p.num_blocks;
       const T* k_src = p.k_cache;
       const T* v_src = p.v_cache;
       const uint32_t j = p.block_size.div(static_cast<uint32_t>(t));
       if (valid) {
-        const int64_t offset = (t - static_cast<int64_t>(j) * p.block_size.d) * row;
+        const int64_t offset = (t - static_cast<int64_t>(j) * p.block_size.d) * row_elems;
         k_src = k_head + block * p.k_block_stride + offset;
         v_src = v_head + block * p.v_block_stride + offset;
-      } else if (block != -1 || (r < rounds && t < last)) {
-        if (lane == 0) device::record_error(p.error, (static_cast<int64_t>(b) << 32) | j, block);
+      } else if (block != -1 || (i < my_tiles && t < last)) {
+        if (my_chunk == 0) device::record_error(p.error, (static_cast<int64_t>(b) << 32) | j, block);
       }
-      const int slot = (buf * kRound + i) * kThreads + tid;
-      cp_async_16(k_stage + slot, k_src, valid);
-      cp_async_16(v_stage + slot, v_src, valid);
-      const uint32_t bit = 1u << (buf * kRound + i);
-      valid_bits = valid ? (valid_bits | bit) : (valid_bits & ~bit);
+      cp_async_16(k_tile + swizzle<D>(row, my_chunk), k_src, valid);
+      cp_async_16(v_tile + swizzle<D>(row, my_chunk), v_src, valid);
+      const uint32_t ballot = __ballot_sync(device::kFullMask, valid);
+#pragma unroll
+      for (int r = 0; r < kRowsPerPass; ++r) mask |= ((ballot >> (r * kChunks)) & 1u) << (pass * kRowsPerPass + r);
     }
-    cp_async_commit();  // one group per round, empty or not, so wait counts stay uniform
-    load_blocks(r + 1);
+    key_mask[stage] = mask;
+    cp_async_commit();  // one group per tile, empty or not, so wait counts stay uniform
+    load_blocks(i + 1);
   };
 
-  float m[kHeads], l[kHeads], acc[kHeads][kVec];
+  // Per lane: rows r0 = lane / 4 and r0 + 8 of the running max m (log2 units), sum l and O.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[D / 8][4];
 #pragma unroll
-  for (int g = 0; g < kHeads; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.f;
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) acc[g][i] = 0.f;
-  }
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-  // Consumes the round in buffer `buf`: logits of its kRound tokens for every head, then one
-  // rescale of the running state per head.
-  auto consume = [&](int buf) {
-    float s[kRound][kHeads];
+  auto consume = [&](int stage) {
+    const uint4* k_tile = ring + stage * 2 * kTile * kChunks;
+    const uint4* v_tile = k_tile + kTile * kChunks;
+    // S [16 heads, 16 keys] = q K^T, as two 16x8 products per 16 dims.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-    for (int i = 0; i < kRound; ++i) {
-      float k[kVec];
-      to_floats<T>(k_stage[(buf * kRound + i) * kThreads + tid], k);
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t a[4], kb[4];
+      ldmatrix_x4(a, q_tile + swizzle<D>(lane % 16, 2 * ks + lane / 16));
+      const int mat = lane / 8;
+      ldmatrix_x4(kb, k_tile + swizzle<D>((mat / 2) * 8 + lane % 8, 2 * ks + mat % 2));
+      mma_16816<T>(s[0], a, kb[0], kb[1]);
+      mma_16816<T>(s[1], a, kb[2], kb[3]);
+    }
+    // Logits in log2 units, masked keys -inf; the running state's rescale per row.
+    const uint32_t mask = key_mask[stage];
+    float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int g = 0; g < kHeads; ++g) {
-        float dot = 0.f;
+    for (int n = 0; n < 2; ++n) {
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) dot = fmaf(q[g][e], k[e], dot);
+      for (int c = 0; c < 4; ++c) {
+        float x = s[n][c] * p.q_scale;
+        if (p.soft_cap) x = tanhf(x);
+        const int col = n * 8 + (lane % 4) * 2 + (c & 1);
+        s[n][c] = (mask >> col) & 1u ? x * p.logit_scale : -INFINITY;
+        row_max[c / 2] = fmaxf(row_max[c / 2], s[n][c]);
+      }
+    }
+    float rescale[2], m_use[2];
 #pragma unroll
-        for (int offset = kLanes / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(device::kFullMask, dot, offset);
-        if (p.soft_cap) dot = tanhf(dot);
-        s[i][g] = (valid_bits >> (buf * kRound + i)) & 1u ? dot * p.logit_scale : -INFINITY;
+    for (int h = 0; h < 2; ++h) {
+      row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(device::kFullMask, row_max[h], 1));
+      row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(device::kFullMask, row_max[h], 2));
+      const float m_new = fmaxf(m[h], row_max[h]);
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // no key yet: everything stays 0
+      rescale[h] = exp2f(m[h] - m_use[h]);
+      m[h] = m_new;
+      l[h] *= rescale[h];
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        s[n][c] = exp2f(s[n][c] - m_use[c / 2]);
+        l[c / 2] += s[n][c];
       }
     }
 #pragma unroll
-    for (int g = 0; g < kHeads; ++g) {
-      float m_new = m[g];
-#pragma unroll
-      for (int i = 0; i < kRound; ++i) m_new = fmaxf(m_new, s[i][g]);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no key yet: keep everything 0
-      const float rescale = exp2f(m[g] - m_use);
-      m[g] = m_new;
-      l[g] *= rescale;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) acc[g][e] *= rescale;
-#pragma unroll
-      for (int i = 0; i < kRound; ++i) s[i][g] = exp2f(s[i][g] - m_use);
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= rescale[0];
+      o[n][1] *= rescale[0];
+      o[n][2] *= rescale[1];
+      o[n][3] *= rescale[1];
     }
+    // O [16 heads, D] += P V: P's accumulator layout is the A operand's (keys as k).
+    const uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
+                            pack2<T>(s[1][2], s[1][3])};
 #pragma unroll
-    for (int i = 0; i < kRound; ++i) {
-      float v[kVec];
-      to_floats<T>(v_stage[(buf * kRound + i) * kThreads + tid], v);
-#pragma unroll
-      for (int g = 0; g < kHeads; ++g) {
-        l[g] += s[i][g];
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[g][e] = fmaf(s[i][g], v[e], acc[g][e]);
-      }
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t vb[4];
+      const int mat = lane / 8;
+      ldmatrix_x4_trans(vb, v_tile + swizzle<D>((mat % 2) * 8 + lane % 8, n + mat / 2));
+      mma_16816<T>(o[n], pa, vb[0], vb[1]);
+      mma_16816<T>(o[n + 1], pa, vb[2], vb[3]);
     }
   };
 
-  // Pipeline: rounds r + 1 .. r + kBuffers - 1 are in flight while round r is consumed. The loop body is
-  // unrolled over the buffers so that every buffer index is a compile-time constant.
+  __syncthreads();  // q_tile written
+  // Pipeline: tiles i + 1 and i + 2 are in flight while tile i is consumed. Unrolled over the
+  // stages so that key_mask is indexed by constants (it stays in registers).
   load_blocks(0);
 #pragma unroll
-  for (int r = 0; r < kBuffers - 1; ++r) issue(r, r);
-  for (int r0 = 0; r0 < rounds; r0 += kBuffers) {
+  for (int i = 0; i < kStages - 1; ++i) issue(i, i);
+  for (int i0 = 0; i0 < my_tiles; i0 += kStages) {
 #pragma unroll
-    for (int j = 0; j < kBuffers; ++j) {
-      if (r0 + j < rounds) {  // uniform over the CTA
-        cp_async_wait<kBuffers - 2>();  // round r0 + j has landed (this lane's own copies)
-        issue(r0 + j + kBuffers - 1, (j + kBuffers - 1) % kBuffers);
+    for (int j = 0; j < kStages; ++j) {
+      if (i0 + j < my_tiles) {  // uniform over the warp
+        cp_async_wait<kStages - 2>();
+        __syncwarp();  // every lane's copies of tile i0 + j landed; every lane done with the stage reused next
+        issue(i0 + j + kStages - 1, (j + kStages - 1) % kStages);
         consume(j);
       }
     }
@@ -296,44 +358,52 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kHeads>) DecodeKerne
   cp_async_wait<0>();
   device::pdl_launch_dependents();
 
-  // Merge the lane groups' states. Shared memory is reused: [kHeads][kGroups][D] partial sums,
-  // then the groups' maxima and sums.
-  __syncthreads();
-  float* sums = reinterpret_cast<float*>(smem);
-  float* group_m = sums + kHeads * kGroups * D;
-  float* group_l = group_m + kHeads * kGroups;
-  if (lane == 0) {
+  // Merge the warps' states: rows' maxima and sums, then each warp's O scaled to the common max.
 #pragma unroll
-    for (int g = 0; g < kHeads; ++g) {
-      group_m[g * kGroups + grp] = m[g];
-      group_l[g * kGroups + grp] = l[g];
-    }
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(device::kFullMask, l[h], 1);
+    l[h] += __shfl_xor_sync(device::kFullMask, l[h], 2);
+  }
+  __syncthreads();  // every warp is done with its ring
+  constexpr int kStride = kEpilogueStride<D>;
+  float* warp_o = reinterpret_cast<float*>(smem);        // [kWarps][kRows][kStride]
+  float* warp_m = warp_o + kWarps * kRows * kStride;     // [kWarps][kRows]
+  float* warp_l = warp_m + kWarps * kRows;               // [kWarps][kRows]
+  const int r0 = lane / 4;
+  if (lane % 4 == 0) {
+    warp_m[warp * kRows + r0] = m[0];
+    warp_m[warp * kRows + r0 + 8] = m[1];
+    warp_l[warp * kRows + r0] = l[0];
+    warp_l[warp * kRows + r0 + 8] = l[1];
   }
   __syncthreads();
+  float weight[2];
 #pragma unroll
-  for (int g = 0; g < kHeads; ++g) {
+  for (int h = 0; h < 2; ++h) {
     float m_all = -INFINITY;
 #pragma unroll
-    for (int x = 0; x < kGroups; ++x) m_all = fmaxf(m_all, group_m[g * kGroups + x]);
-    const float w = state_weights(m[g], m_all).x;
-    float4* dst = reinterpret_cast<float4*>(sums + (g * kGroups + grp) * D + lane * kVec);
-    dst[0] = make_float4(acc[g][0] * w, acc[g][1] * w, acc[g][2] * w, acc[g][3] * w);
-    dst[1] = make_float4(acc[g][4] * w, acc[g][5] * w, acc[g][6] * w, acc[g][7] * w);
+    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, warp_m[w * kRows + r0 + 8 * h]);
+    weight[h] = state_weights(m[h], m_all).x;
+  }
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    float* row = warp_o + (warp * kRows + r0) * kStride + n * 8 + (lane % 4) * 2;
+    *reinterpret_cast<float2*>(row) = make_float2(o[n][0] * weight[0], o[n][1] * weight[0]);
+    *reinterpret_cast<float2*>(row + 8 * kStride) = make_float2(o[n][2] * weight[1], o[n][3] * weight[1]);
   }
   __syncthreads();
-  // Each thread finishes elements (g, d) of the output.
-  for (int idx = tid; idx < kHeads * D; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < kRows * D; idx += kThreads) {
     const int g = idx / D, d = idx % D;
     if (g >= heads) break;  // idx grows with g
-    float m_all = -INFINITY, l_all = 0.f, o = 0.f;
+    float m_all = -INFINITY, l_all = 0.f, value = 0.f;
 #pragma unroll
-    for (int x = 0; x < kGroups; ++x) m_all = fmaxf(m_all, group_m[g * kGroups + x]);
+    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, warp_m[w * kRows + g]);
 #pragma unroll
-    for (int x = 0; x < kGroups; ++x) {
-      l_all += group_l[g * kGroups + x] * state_weights(group_m[g * kGroups + x], m_all).x;
-      o += sums[(g * kGroups + x) * D + d];
+    for (int w = 0; w < kWarps; ++w) {
+      l_all += warp_l[w * kRows + g] * state_weights(warp_m[w * kRows + g], m_all).x;
+      value += warp_o[(w * kRows + g) * kStride + d];
     }
-    const float value = l_all > 0.f ? o / l_all : 0.f;
+    value = l_all > 0.f ? value / l_all : 0.f;
     const float lse = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
     const int64_t h = static_cast<int64_t>(b) * p.num_heads + head0 + g;
     if (p.num_splits == 1) {
@@ -427,36 +497,19 @@ __global__ void MergeStatesKernel(T* v, float* lse, const T* v_a, const float* l
 
 // ---------------------------------------------------------------------------- launch
 
-template <typename T, int D, int kHeads>
-void LaunchDecode(const DecodeParams<T>& p, DLDevice device, int batch) {
-  auto kernel = DecodeKernel<T, D, kHeads>;
-  // Four CTAs per SM need a large shared-memory carveout; a hint, set once.
+template <typename T, int D>
+void LaunchDecode(DecodeParams<T>& p, DLDevice device, int batch) {
+  auto kernel = DecodeKernel<T, D>;
+  // The rings need the largest shared-memory carveout to fit 1-4 CTAs per SM; a hint, set once.
   static const bool carveout_set = [&] {
     cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     cudaGetLastError();
     return true;
   }();
   (void)carveout_set;
+  p.head_chunks = (p.group + kRows - 1) / kRows;
   const dim3 grid(p.num_splits, p.num_kv_heads * p.head_chunks, batch);
-  host::LaunchKernel(grid, kThreads, device, kSmemBytes<D, kHeads>).enable_pdl(true)(kernel, p);
-}
-
-template <typename T, int D>
-void DispatchHeads(DecodeParams<T>& p, DLDevice device, int batch) {
-  // The smallest head tier that holds the group; larger groups take several CTAs of 8 heads.
-  if (p.group <= 1) {
-    p.head_chunks = 1;
-    LaunchDecode<T, D, 1>(p, device, batch);
-  } else if (p.group <= 2) {
-    p.head_chunks = 1;
-    LaunchDecode<T, D, 2>(p, device, batch);
-  } else if (p.group <= 4) {
-    p.head_chunks = 1;
-    LaunchDecode<T, D, 4>(p, device, batch);
-  } else {
-    p.head_chunks = (p.group + 7) / 8;
-    LaunchDecode<T, D, 8>(p, device, batch);
-  }
+  host::LaunchKernel(grid, kThreads, device, kSmemBytes<D>).enable_pdl(true)(kernel, p);
 }
 
 template <typename T>
@@ -466,7 +519,7 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
             tvm::ffi::TensorView partial_lse, tvm::ffi::TensorView error) {
   using host::data_ptr;
   const int64_t max_keys = a.max_blocks * a.block_size;
-  host::ValueCheck(a.batch < 65536 && a.num_kv_heads * ((a.group() + 7) / 8) < 65536 && max_keys < (int64_t{1} << 31),
+  host::ValueCheck(a.batch < 65536 && a.num_kv_heads * ((a.group() + kRows - 1) / kRows) < 65536 && max_keys < (int64_t{1} << 31),
                    "decode_attention: batch must be < 65536 and max_blocks_per_seq * block_size < 2^31 on CUDA, got batch ",
                    a.batch, " and ", max_keys);
   // 16-byte vector loads and cp.async need 16-byte aligned rows.
@@ -510,9 +563,9 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
   p.logit_scale = p.soft_cap ? a.soft_cap * kLog2e : 1.f;
   const int batch = static_cast<int>(a.batch);
   switch (a.head_dim) {
-    case 64: DispatchHeads<T, 64>(p, a.device, batch); break;
-    case 128: DispatchHeads<T, 128>(p, a.device, batch); break;
-    default: DispatchHeads<T, 256>(p, a.device, batch); break;  // the contract allows no other
+    case 64: LaunchDecode<T, 64>(p, a.device, batch); break;
+    case 128: LaunchDecode<T, 128>(p, a.device, batch); break;
+    default: LaunchDecode<T, 256>(p, a.device, batch); break;  // the contract allows no other
   }
   if (a.num_splits > 1) {
     host::LaunchKernel(static_cast<unsigned>(a.batch * a.num_heads), kMergeThreads, a.device)
