@@ -40,6 +40,7 @@ def _cases():
     q, k = torch.randn(2, 2, 8), torch.randn(2, 1, 8)
     pos = torch.tensor([0, 3])
     kc = torch.zeros(2, 4, 1, 8)
+    q64, kc64, lse = torch.randn(2, 4, 64), torch.randn(3, 4, 2, 64), torch.randn(2, 4)
     return {
         "rms_norm": lambda: mk.rms_norm(x, w),
         "fused_add_rms_norm": lambda: mk.fused_add_rms_norm(x, x.clone(), w),
@@ -55,6 +56,9 @@ def _cases():
         "apply_rope": lambda: mk.apply_rope(q, k, pos, cache),
         "store_kv_cache": lambda: mk.store_kv_cache(k, k.clone(), kc, kc.clone(), torch.tensor([1, 5])),
         "embedding": lambda: mk.embedding(torch.tensor([1, 0]), x),
+        "decode_attention": lambda: mk.decode_attention(
+            q64, kc64, kc64, torch.tensor([[0, 1], [2, 0]], dtype=torch.int32), torch.tensor([5, 3], dtype=torch.int32)),
+        "merge_attention_states": lambda: mk.merge_attention_states(q64, lse, q64, lse),
     }
 
 

@@ -75,9 +75,9 @@ _sm_counts: dict[torch.device, int] = {}
 
 def plan_num_splits(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, max_keys: int,
                     device: torch.device) -> int:
-    """The split count for these shapes on `device` (1 on the CPU): enough CTAs for whole waves
-    over the GPU, no chunk shorter than MIN_KEYS_PER_SPLIT keys of max_keys (the block table's
-    capacity, not the actual seq_lens, so that the plan is CUDA-graph safe)."""
+    """The split count for these shapes on `device` (1 on the CPU): the most that still fit one
+    wave of CTAs on the GPU, no chunk shorter than MIN_KEYS_PER_SPLIT keys of max_keys (the block
+    table's capacity, not the actual seq_lens, so that the plan is CUDA-graph safe)."""
     if device.type != "cuda":
         return 1
     sms = _sm_counts.get(device)
@@ -87,18 +87,9 @@ def plan_num_splits(batch: int, num_heads: int, num_kv_heads: int, head_dim: int
     ctas = batch * num_kv_heads * -(-group // HEADS_PER_CTA)
     slots = sms * CTAS_PER_SM.get(head_dim, 1)
     limit = max(1, min(MAX_SPLITS, max_keys // MIN_KEYS_PER_SPLIT))
-    if ctas == 0 or ctas >= 2 * slots:
-        return 1
-    # The fewest splits whose waves are at least 90% full (one partial wave of many is cheap).
-    best, best_fill = 1, 0.0
-    for splits in range(1, limit + 1):
-        total = ctas * splits
-        fill = total / (math.ceil(total / slots) * slots)
-        if fill >= 0.9 and total >= slots:
-            return splits
-        if fill > best_fill + 1e-9:
-            best, best_fill = splits, fill
-    return best
+    # One wave: as many splits as fit the GPU's CTA slots (measured on an H100, a tail wave or
+    # more splits cost more than they gain: benchmarks/RESULTS.md).
+    return max(1, min(limit, slots // max(ctas, 1)))
 
 
 _plans: dict[tuple, int] = {}
@@ -126,7 +117,10 @@ def _decode_attention(
         raise ValueError(f"decode_attention: q must be [batch, num_heads, head_dim], got shape {tuple(q.shape)}")
     batch, num_heads, head_dim = q.shape
     if num_splits == 0:  # None: plan it (shapes only)
-        key = (batch, num_heads, k_cache.shape[2], head_dim, block_table.shape[1] * k_cache.shape[1], device)
+        try:
+            key = (batch, num_heads, k_cache.shape[2], head_dim, block_table.shape[1] * k_cache.shape[1], device)
+        except IndexError:  # k_cache or block_table of a bad rank: any plan, the contract names it
+            key = (batch, num_heads, 1, head_dim, 0, device)
         num_splits = _plans.get(key)
         if num_splits is None:
             num_splits = _plans[key] = plan_num_splits(*key)
@@ -225,20 +219,23 @@ def merge_attention_states(v_a: torch.Tensor, lse_a: torch.Tensor, v_b: torch.Te
         expect_tensor("merge_attention_states", "v_a", v_a, SPECS)
     if v_a.dim() < 2:
         raise ValueError(f"merge_attention_states: v_a must be [..., num_heads, head_dim], got shape {tuple(v_a.shape)}")
-    lead = v_a.shape[:-2]
-    rows = math.prod(lead)
     v = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
     lse = torch.empty(v_a.shape[:-1], dtype=torch.float32, device=v_a.device)
+    if v_a.dim() == 3:  # [rows, heads, head_dim]: as the kernel takes it
+        _merge_attention_states(v, lse, v_a, lse_a, v_b, lse_b)
+        return v, lse
+    # [*lead, heads, head_dim] -> [rows, heads, head_dim]. The contract sees [rows, ...] only, so
+    # a tensor without v_a's leading dims must not pass as one that has them (v_b [6, H, D] with
+    # v_a [2, 3, H, D]); a non-tensor goes on as it is and the custom op names it.
+    lead = v_a.shape[:-2]
     views = []
-    for t, name in ((v, "v"), (lse, "lse"), (v_a, "v_a"), (lse_a, "lse_a"), (v_b, "v_b"), (lse_b, "lse_b")):
-        if isinstance(t, torch.Tensor):  # a non-tensor: the custom op names it
-            if t.dim() == v_a.dim() - (name[0] == "l") and t.shape[:len(lead)] == lead:
-                t = t.reshape(rows, *t.shape[len(lead):])
-            elif len(lead) != 1:
-                # The contract sees [rows, ...] only: a tensor without v_a's leading dims must not
-                # pass as one that has them (v_b [6, H, D] with v_a [2, 3, H, D]).
+    for t, name, own_dims in ((v, "v", 2), (lse, "lse", 1), (v_a, "v_a", 2), (lse_a, "lse_a", 1), (v_b, "v_b", 2),
+                              (lse_b, "lse_b", 1)):
+        if isinstance(t, torch.Tensor):
+            if t.dim() != len(lead) + own_dims or t.shape[:len(lead)] != lead:
                 raise ValueError(f"merge_attention_states: {name} must have the leading dims {tuple(lead)} of v_a "
                                  f"{tuple(v_a.shape)}, got shape {tuple(t.shape)}")
+            t = t.reshape(math.prod(lead), *t.shape[len(lead):])
         views.append(t)
     _merge_attention_states(*views)
     return v, lse

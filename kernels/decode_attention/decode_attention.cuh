@@ -207,7 +207,10 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeKernel(const DecodeParams<T
     len = len < 0 ? 0 : p.max_keys;
   }
   const int64_t begin = p.window > 0 && len > p.window ? len - p.window : 0;
-  const int64_t chunk = (len - begin + p.num_splits - 1) / p.num_splits;
+  // Whole tiles per split, so that tiles stay aligned with blocks of 16 keys or more (a tile
+  // that straddles two blocks costs a second block-table lookup per row); trailing splits may
+  // be empty.
+  const int64_t chunk = ((len - begin + p.num_splits - 1) / p.num_splits + kTile - 1) / kTile * kTile;
   const int64_t first = begin + split * chunk;
   const int64_t last = min(len, first + chunk);
   const int tiles = last > first ? static_cast<int>((last - first + kTile - 1) / kTile) : 0;

@@ -32,6 +32,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace mllm_kernel::decode_attention {
 
@@ -124,9 +125,15 @@ DecodeArgs VerifyDecodeAttention(tvm::ffi::TensorView out, tvm::ffi::TensorView 
              ": v_cache must be contiguous within a block ([block_size, num_kv_heads, head_dim]), got strides ",
              v_cache.stride(0), ", ", v_cache.stride(1), ", ", v_cache.stride(2), ", ", v_cache.stride(3));
   ValueCheck(nb < (int64_t{1} << 31), kOp, ": num_blocks = ", nb, " does not fit the int32 block table");
-  ValueCheck(std::isfinite(scale) && scale > 0.0, kOp, ": scale must be a positive finite number, got ", scale);
-  ValueCheck(std::isfinite(soft_cap) && soft_cap >= 0.0, kOp,
-             ": logits_soft_cap must be >= 0 and finite (0 disables it), got ", soft_cap);
+  // The kernels compute in float32: the values must survive the conversion (1e39 would become
+  // inf, 1e-46 zero) and so must scale / cap, the factor folded into q under a soft cap.
+  const auto f32 = [](double x) { return static_cast<float>(x); };
+  ValueCheck(std::isfinite(f32(scale)) && f32(scale) > 0.f, kOp,
+             ": scale must be a positive finite float32 number, got ", scale);
+  ValueCheck(soft_cap == 0.0 || (std::isfinite(f32(soft_cap)) && f32(soft_cap) >= std::numeric_limits<float>::min() &&
+                                 std::isfinite(f32(scale) / f32(soft_cap))),
+             kOp, ": logits_soft_cap must be 0 (off) or a positive normal float32 number with scale / cap finite, got ",
+             soft_cap);
   ValueCheck(num_splits >= 1 && num_splits <= kMaxSplits, kOp, ": num_splits must be in [1, ", kMaxSplits,
              "], got ", num_splits);
   if (num_splits > 1) {
