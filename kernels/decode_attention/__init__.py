@@ -75,8 +75,8 @@ _sm_counts: dict[torch.device, int] = {}
 
 def plan_num_splits(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, max_keys: int,
                     device: torch.device) -> int:
-    """The split count for these shapes on `device` (1 on the CPU): the most that still fit one
-    wave of CTAs on the GPU, no chunk shorter than MIN_KEYS_PER_SPLIT keys of max_keys (the block
+    """The split count for these shapes on `device` (1 on the CPU): the largest power of two that
+    still fits one wave of CTAs on the GPU, no chunk shorter than MIN_KEYS_PER_SPLIT keys of max_keys (the block
     table's capacity, not the actual seq_lens, so that the plan is CUDA-graph safe)."""
     if device.type != "cuda":
         return 1
@@ -87,9 +87,11 @@ def plan_num_splits(batch: int, num_heads: int, num_kv_heads: int, head_dim: int
     ctas = batch * num_kv_heads * -(-group // HEADS_PER_CTA)
     slots = sms * CTAS_PER_SM.get(head_dim, 1)
     limit = max(1, min(MAX_SPLITS, max_keys // MIN_KEYS_PER_SPLIT))
-    # One wave: as many splits as fit the GPU's CTA slots (measured on an H100, a tail wave or
-    # more splits cost more than they gain: benchmarks/RESULTS.md).
-    return max(1, min(limit, slots // max(ctas, 1)))
+    # One wave: the largest power of two of splits that fits the GPU's CTA slots. Measured on an
+    # H100 (benchmarks/RESULTS.md): a tail wave or more splits cost more than they gain, and 32
+    # splits beat 33 (whole blocks per chunk).
+    fit = max(1, min(limit, slots // max(ctas, 1)))
+    return 1 << (fit.bit_length() - 1)
 
 
 _plans: dict[tuple, int] = {}
