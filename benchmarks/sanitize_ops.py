@@ -64,6 +64,41 @@ def run_all():
         table = torch.randn(1000, 129, device="cuda", dtype=dtype)
         mk.embedding(torch.randint(0, 1000, (3, 5), device="cuda"), table)
         yield f"embedding {dtype}"
+    yield from decode_attention_calls()
+
+
+def decode_attention_calls():
+    # Every head_dim, block sizes 1/7/16/64, ragged lengths (0, bs - 1, bs + 1, long), windows,
+    # soft cap, split and unsplit, and a bad block id and seq_len (masked / clamped, never read).
+    from mllm_kernel.kernels.decode_attention import pop_decode_attention_error
+
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float16, torch.bfloat16):
+        for head_dim, heads, kv_heads, block, lens, splits in (
+            (64, 8, 2, 7, [0, 1, 6, 7, 8, 300], None),
+            (128, 32, 8, 16, [1000, 5], 3),
+            (256, 20, 1, 1, [77, 130], None),
+            (128, 4, 4, 64, [200], 1),
+        ):
+            max_blocks = max(-(-n // block) for n in lens) + 1
+            num_blocks = len(lens) * max_blocks + 2
+            k_cache = torch.randn(num_blocks, block, kv_heads, head_dim, device="cuda", dtype=dtype)
+            v_cache = torch.randn_like(k_cache)
+            table = torch.stack([torch.randperm(num_blocks, generator=gen)[:max_blocks] for _ in lens])
+            table = table.int().cuda()
+            seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+            q = torch.randn(len(lens), heads, head_dim, device="cuda", dtype=dtype)
+            mk.decode_attention(q, k_cache, v_cache, table, seq_lens, num_splits=splits, sliding_window=50,
+                                logits_soft_cap=20.0)
+            mk.decode_attention(q, k_cache, v_cache, table, seq_lens, num_splits=splits)
+            table[0, 0], seq_lens[-1] = 10**6, 10**6
+            mk.decode_attention(q, k_cache, v_cache, table, seq_lens, num_splits=splits)
+            if pop_decode_attention_error() is None:
+                raise RuntimeError("decode_attention: the bad block id / seq_len was not recorded")
+        v = torch.randn(3, 4, 64, device="cuda", dtype=dtype)
+        lse = torch.randn(3, 4, device="cuda")
+        mk.merge_attention_states(v, lse, v, lse)
+        yield f"decode_attention {dtype}"
 
 
 def main() -> int:
