@@ -37,11 +37,11 @@ _errors = DeviceErrorRecord("decode_attention", "")  # formatted by _describe_er
 
 MAX_SPLITS = 128  # decode_attention.hpp kMaxSplits
 # Split-KV plan (CUDA): chunks of at least MIN_KEYS_PER_SPLIT keys; query heads one CTA serves
-# (decode_attention.cuh kRows; larger groups use several); CTAs resident per SM by head_dim, set
-# by each CTA's shared memory (kSmemBytes: 50, 100 and 200 KiB of the H100's 227).
+# (decode_attention.cuh kRows; larger groups use several); CTAs resident per SM by head_dim
+# (decode_attention.cuh: registers at 64, shared memory at 128 and 256, 100 and 200 KiB of 227).
 MIN_KEYS_PER_SPLIT = 128
 HEADS_PER_CTA = 16
-CTAS_PER_SM = {64: 4, 128: 2, 256: 1}
+CTAS_PER_SM = {64: 2, 128: 2, 256: 1}
 
 
 def _describe_error(index: int, value: int) -> str:

@@ -10,7 +10,7 @@
  * the group's heads share one pass over the pages: they are the 16 rows of m16n8k16 tensor-core
  * products S = q K^T and O += P V (rows past the group are zeros). The CTA's warps take its key
  * tiles (16 keys) in turn; each warp streams its tiles through its own ring in shared memory with
- * cp.async (2 tiles in flight while one is consumed) and keeps its own online-softmax state (in
+ * cp.async (one tile in flight while one is consumed) and keeps its own online-softmax state (in
  * log2 units); the warps' states are merged at the end. With num_splits > 1 the CTA writes a
  * float32 partial state and MergeSplitsKernel combines them.
  *
@@ -37,11 +37,14 @@ namespace decode_attention_detail {
 using device::bf16_t;
 using device::fp16_t;
 
-constexpr int kWarps = 4;
+// Measured on an H100 (benchmarks/RESULTS.md): what counts is warps per SM. 6 warps with 2
+// stages (one tile in flight while one is consumed; 100 KiB, 2 CTAs per SM at head_dim 128)
+// beat 4 x 3 by 0-14% and 2 x 4, 2 x 6, 4 x 4 and 1 x 6 by far.
+constexpr int kWarps = 6;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTile = 16;    // keys per warp tile: the k of one m16n8k16 product P . V
 constexpr int kRows = 16;    // query heads per CTA: the m of the tensor-core products
-constexpr int kStages = 3;   // tiles a warp holds in shared memory: 2 in flight, 1 consumed
+constexpr int kStages = 2;   // tiles a warp holds in shared memory: 1 in flight, 1 consumed
 constexpr int kChunk = 8;    // 16-bit elements per 16-byte chunk (one cp.async, one ldmatrix row)
 
 // Shared memory of a CTA: q [kRows, D], then each warp's ring of K and V tiles [kTile, D]. The
@@ -175,7 +178,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
  * rows lane / 4 and lane / 4 + 8, columns 2 (lane % 4) and 2 (lane % 4) + 1 of each 8 columns.
  */
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 1) DecodeKernel(const DecodeParams<T> p) {
+__global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) DecodeKernel(const DecodeParams<T> p) {
   constexpr int kChunks = D / kChunk;              // 16-byte chunks per row: 8, 16, 32
   constexpr int kRowsPerPass = 32 / kChunks;       // tile rows a warp copies per instruction
   constexpr int kPasses = kTile / kRowsPerPass;    // copy instructions per tile (K or V)
@@ -342,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeKernel(const DecodeParams<T
   };
 
   __syncthreads();  // q_tile written
-  // Pipeline: tiles i + 1 and i + 2 are in flight while tile i is consumed. Unrolled over the
+  // Pipeline: tiles i + 1 .. i + kStages - 1 are in flight while tile i is consumed. Unrolled over the
   // stages so that key_mask is indexed by constants (it stays in registers).
   load_blocks(0);
 #pragma unroll
