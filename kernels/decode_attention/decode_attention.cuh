@@ -55,13 +55,14 @@ template <int D>
 constexpr int kSmemBytes = kRows * D * 2 + kWarps * kStages * 2 * kTileBytes<D>;
 template <int D>
 constexpr int kEpilogueStride = D + 8;  // floats; the pad spreads the rows' float2 stores over banks
-static_assert(kWarps * kRows * (kEpilogueStride<64> + 2) * 4 <= kWarps * kStages * 2 * kTileBytes<64>);
+static_assert(kWarps * kRows * (kEpilogueStride<64> + 2) * 4 <= kWarps * kStages * 2 * kTileBytes<64>,
+              "the epilogue must fit the rings (head_dim 64 is the tightest)");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // ---------------------------------------------------------------------------- helpers
 
-/*! \brief n / d and n % d for a divisor fixed per launch (multiply-high; n, d < 2^31). */
+/*! \brief n / d for a divisor fixed per launch (multiply-high instead of a division; n, d < 2^31). */
 struct FastDivmod {
   uint32_t d = 1, mul = 0, shift = 0;
   FastDivmod() = default;
@@ -109,7 +110,7 @@ struct DecodeParams {
   int num_heads, num_kv_heads, group, head_chunks, num_blocks, max_blocks, window, num_splits;
   int64_t max_keys;  // max_blocks * block_size
   FastDivmod block_size;
-  float q_scale;      // folded into q: scale * log2(e), or scale / cap with a soft cap
+  float q_scale;      // multiplies q . k: scale * log2(e), or scale / cap with a soft cap
   float logit_scale;  // 1, or cap * log2(e) after tanh with a soft cap
   bool soft_cap;
 };
@@ -614,9 +615,10 @@ inline void merge_attention_states(tvm::ffi::TensorView v, tvm::ffi::TensorView 
   const auto a = mllm_kernel::decode_attention::VerifyMergeStates<kDLCUDA>(v, lse, v_a, lse_a, v_b, lse_b);
   if (a.empty()) return;
   const int64_t rows = a.rows * a.num_heads;
-  constexpr int kWarps = 4;
+  constexpr int kRowsPerBlock = 4;  // one warp per (row, head)
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
-    host::LaunchKernel(static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * device::kWarpThreads, a.device)
+    host::LaunchKernel(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                       kRowsPerBlock * device::kWarpThreads, a.device)
         .enable_pdl(true)(decode_attention_detail::MergeStatesKernel<T>, data_ptr<T>(v), data_ptr<float>(lse),
                           data_ptr<const T>(v_a), data_ptr<const float>(lse_a), data_ptr<const T>(v_b),
                           data_ptr<const float>(lse_b), a.rows, static_cast<int>(a.num_heads),
