@@ -195,7 +195,7 @@ def decode_attention(
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     if scale is None:
-        scale = q.shape[-1] ** -0.5 if q.dim() == 3 else 1.0  # the contract rejects other ranks
+        scale = q.shape[-1] ** -0.5 if q.dim() == 3 and q.shape[-1] > 0 else 1.0  # the contract rejects the rest
     _decode_attention(out, lse, q, k_cache, v_cache, block_table, seq_lens, scale, sliding_window,
                       logits_soft_cap, 0 if num_splits is None else num_splits, num_threads, check)
     return (out, lse) if return_lse else out

@@ -27,6 +27,7 @@
 #include "decode_attention.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -37,11 +38,12 @@ namespace decode_attention_detail {
 using device::bf16_t;
 using device::fp16_t;
 
-// Measured on an H100 (benchmarks/RESULTS.md): what counts is warps per SM. 6 warps with 2
-// stages (one tile in flight while one is consumed; 100 KiB, 2 CTAs per SM at head_dim 128)
-// beat 4 x 3 by 0-14% and 2 x 4, 2 x 6, 4 x 4 and 1 x 6 by far.
-constexpr int kWarps = 6;
-constexpr int kThreads = kWarps * 32;
+// Warps per CTA. Measured on an H100 (benchmarks/RESULTS.md): what counts is warps per SM. 6
+// warps with 2 stages (one tile in flight while one is consumed; 100 KiB, 2 CTAs per SM at
+// head_dim 128) beat 4 x 3 by 0-14% and 2 x 4, 2 x 6, 4 x 4 and 1 x 6 by far. GPUs that cannot
+// give a block that much shared memory (sm_86/89: 99 KiB; sm_80: 163 KiB) run 2 warps a CTA.
+constexpr int kWarpsLarge = 6;
+constexpr int kWarpsSmall = 2;
 constexpr int kTile = 16;    // keys per warp tile: the k of one m16n8k16 product P . V
 constexpr int kRows = 16;    // query heads per CTA: the m of the tensor-core products
 constexpr int kStages = 2;   // tiles a warp holds in shared memory: 1 in flight, 1 consumed
@@ -51,12 +53,12 @@ constexpr int kChunk = 8;    // 16-bit elements per 16-byte chunk (one cp.async,
 // epilogue reuses the rings for the warps' partial states ([kRows, D + 8] floats a warp).
 template <int D>
 constexpr int kTileBytes = kTile * D * 2;
-template <int D>
+template <int D, int kWarps>
 constexpr int kSmemBytes = kRows * D * 2 + kWarps * kStages * 2 * kTileBytes<D>;
 template <int D>
 constexpr int kEpilogueStride = D + 8;  // floats; the pad spreads the rows' float2 stores over banks
-static_assert(kWarps * kRows * (kEpilogueStride<64> + 2) * 4 <= kWarps * kStages * 2 * kTileBytes<64>,
-              "the epilogue must fit the rings (head_dim 64 is the tightest)");
+static_assert(kRows * (kEpilogueStride<64> + 2) * 4 <= kStages * 2 * kTileBytes<64>,
+              "a warp's epilogue state must fit its ring (head_dim 64 is the tightest)");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -178,8 +180,9 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
  * merged in the epilogue. Fragment layouts are the PTX ISA's for mma.m16n8k16: a lane holds
  * rows lane / 4 and lane / 4 + 8, columns 2 (lane % 4) and 2 (lane % 4) + 1 of each 8 columns.
  */
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) DecodeKernel(const DecodeParams<T> p) {
+template <typename T, int D, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(const DecodeParams<T> p) {
+  constexpr int kThreads = kWarps * 32;
   constexpr int kChunks = D / kChunk;              // 16-byte chunks per row: 8, 16, 32
   constexpr int kRowsPerPass = 32 / kChunks;       // tile rows a warp copies per instruction
   constexpr int kPasses = kTile / kRowsPerPass;    // copy instructions per tile (K or V)
@@ -410,8 +413,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) DecodeKernel(const
       l_all += warp_l[w * kRows + g] * state_weights(warp_m[w * kRows + g], m_all).x;
       value += warp_o[(w * kRows + g) * kStride + d];
     }
-    value = l_all > 0.f ? value / l_all : 0.f;
-    const float lse = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
+    // No key: 0 and -inf. A NaN (from q or an attended key) stays NaN: fmaxf skipped it in the
+    // maxima, but the sums carry it.
+    value = l_all == 0.f ? 0.f : value / l_all;
+    const float lse = l_all == 0.f ? -INFINITY : (m_all + log2f(l_all)) * kLn2;
     const int64_t h = static_cast<int64_t>(b) * p.num_heads + head0 + g;
     if (p.num_splits == 1) {
       p.out[h * D + d] = device::from_float<T>(value);
@@ -439,9 +444,13 @@ __global__ void __launch_bounds__(kMergeThreads) MergeSplitsKernel(T* out, float
   device::pdl_wait_primary();
   const int64_t row = blockIdx.x;
   const float* lses = partial_lse + row * num_splits;
-  float m = -INFINITY;
-  for (int s = threadIdx.x; s < num_splits; s += kMergeThreads) m = fmaxf(m, lses[s]);
+  float m = -INFINITY, nans = 0.f;
+  for (int s = threadIdx.x; s < num_splits; s += kMergeThreads) {
+    m = fmaxf(m, lses[s]);  // skips NaN: counted apart, so that a NaN split is not dropped
+    nans += lses[s] != lses[s] ? 1.f : 0.f;
+  }
   m = device::block_reduce_max(m);
+  nans = device::block_reduce_sum(nans);
   float total = 0.f;
   for (int s = threadIdx.x; s < num_splits; s += kMergeThreads) {
     const float w = m == -INFINITY ? 0.f : expf(lses[s] - m);
@@ -449,6 +458,7 @@ __global__ void __launch_bounds__(kMergeThreads) MergeSplitsKernel(T* out, float
     total += w;
   }
   total = device::block_reduce_sum(total);  // its barriers also publish `weights`
+  if (nans > 0.f) total = NAN;
   const int quads = head_dim / 4;           // 16, 32 or 64 threads cover one partial row
   const int groups = kMergeThreads / quads;
   const int quad = threadIdx.x % quads, group = threadIdx.x / quads;
@@ -466,13 +476,13 @@ __global__ void __launch_bounds__(kMergeThreads) MergeSplitsKernel(T* out, float
       const float4 x = sums[g * quads + quad];
       o = make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
     }
-    const float inv = total > 0.f ? 1.f / total : 0.f;
+    const float inv = total == 0.f ? 0.f : 1.f / total;  // NaN stays NaN
     T* dst = out + row * head_dim + quad * 4;
     dst[0] = device::from_float<T>(o.x * inv);
     dst[1] = device::from_float<T>(o.y * inv);
     dst[2] = device::from_float<T>(o.z * inv);
     dst[3] = device::from_float<T>(o.w * inv);
-    if (quad == 0) lse[row] = total > 0.f ? m + logf(total) : -INFINITY;
+    if (quad == 0) lse[row] = total == 0.f ? -INFINITY : m + logf(total);
   }
 }
 
@@ -504,19 +514,39 @@ __global__ void MergeStatesKernel(T* v, float* lse, const T* v_a, const float* l
 
 // ---------------------------------------------------------------------------- launch
 
-template <typename T, int D>
+// A hint for the largest shared-memory carveout (several CTAs of up to 100 KiB per SM), set once
+// per kernel and device; a failure only costs occupancy.
+template <typename Kernel>
+void PreferSharedMemory(Kernel kernel, int device) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<bool> done[kMaxCachedDevices] = {};
+  if (device < 0 || device >= kMaxCachedDevices || done[device].load(std::memory_order_relaxed)) return;
+  tvm::ffi::CUDADeviceGuard guard(device);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
+    cudaGetLastError();  // ours: clear it so no later check reports it
+  }
+  done[device].store(true, std::memory_order_relaxed);
+}
+
+template <typename T, int D, int kWarps>
 void LaunchDecode(DecodeParams<T>& p, DLDevice device, int batch) {
-  auto kernel = DecodeKernel<T, D>;
-  // The rings need the largest shared-memory carveout to fit 1-4 CTAs per SM; a hint, set once.
-  static const bool carveout_set = [&] {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    cudaGetLastError();
-    return true;
-  }();
-  (void)carveout_set;
+  auto kernel = DecodeKernel<T, D, kWarps>;
+  PreferSharedMemory(kernel, device.device_id);
   p.head_chunks = (p.group + kRows - 1) / kRows;
   const dim3 grid(p.num_splits, p.num_kv_heads * p.head_chunks, batch);
-  host::LaunchKernel(grid, kThreads, device, kSmemBytes<D>).enable_pdl(true)(kernel, p);
+  host::LaunchKernel(grid, kWarps * 32, device, kSmemBytes<D, kWarps>).enable_pdl(true)(kernel, p);
+}
+
+// The large CTA where the GPU gives a block its shared memory, else the small one.
+template <typename T, int D>
+void LaunchDecodeFitting(DecodeParams<T>& p, DLDevice device, int batch) {
+  const int64_t limit = host::MaxSharedMemoryPerBlock(device.device_id);
+  if (kSmemBytes<D, kWarpsLarge> <= limit) return LaunchDecode<T, D, kWarpsLarge>(p, device, batch);
+  host::ValueCheck(kSmemBytes<D, kWarpsSmall> <= limit, "decode_attention: head_dim ", D, " needs ",
+                   kSmemBytes<D, kWarpsSmall>, " bytes of shared memory per block; cuda:", device.device_id,
+                   " offers ", limit);
+  LaunchDecode<T, D, kWarpsSmall>(p, device, batch);
 }
 
 template <typename T>
@@ -526,9 +556,13 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
             tvm::ffi::TensorView partial_lse, tvm::ffi::TensorView error) {
   using host::data_ptr;
   const int64_t max_keys = a.max_blocks * a.block_size;
-  host::ValueCheck(a.batch < 65536 && a.num_kv_heads * ((a.group() + kRows - 1) / kRows) < 65536 && max_keys < (int64_t{1} << 31),
-                   "decode_attention: batch must be < 65536 and max_blocks_per_seq * block_size < 2^31 on CUDA, got batch ",
-                   a.batch, " and ", max_keys);
+  // Grid limits (y and z < 65536) and 32-bit key indices.
+  const int64_t head_ctas = a.num_kv_heads * ((a.group() + kRows - 1) / kRows);
+  host::ValueCheck(a.batch < 65536, "decode_attention: batch must be < 65536 on CUDA, got ", a.batch);
+  host::ValueCheck(head_ctas < 65536, "decode_attention: num_kv_heads * ceil(group / 16) must be < 65536 on CUDA, got ",
+                   head_ctas);
+  host::ValueCheck(max_keys < (int64_t{1} << 31),
+                   "decode_attention: max_blocks_per_seq * block_size must be < 2^31 on CUDA, got ", max_keys);
   // 16-byte vector loads and cp.async need 16-byte aligned rows.
   const auto aligned = [](const void* ptr, int64_t stride) {
     return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && stride % device::kVecSize<T> == 0;
@@ -570,9 +604,9 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
   p.logit_scale = p.soft_cap ? a.soft_cap * kLog2e : 1.f;
   const int batch = static_cast<int>(a.batch);
   switch (a.head_dim) {
-    case 64: LaunchDecode<T, 64>(p, a.device, batch); break;
-    case 128: LaunchDecode<T, 128>(p, a.device, batch); break;
-    default: LaunchDecode<T, 256>(p, a.device, batch); break;  // the contract allows no other
+    case 64: LaunchDecodeFitting<T, 64>(p, a.device, batch); break;
+    case 128: LaunchDecodeFitting<T, 128>(p, a.device, batch); break;
+    default: LaunchDecodeFitting<T, 256>(p, a.device, batch); break;  // the contract allows no other
   }
   if (a.num_splits > 1) {
     host::LaunchKernel(static_cast<unsigned>(a.batch * a.num_heads), kMergeThreads, a.device)

@@ -157,22 +157,6 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
   device::pdl_launch_dependents();
 }
 
-// Opt-in shared memory per block, queried once per device.
-inline int64_t MaxSmemPerBlock(int device) {
-  constexpr int kMaxCachedDevices = 64;
-  static std::atomic<int> cache[kMaxCachedDevices] = {};
-  if (device >= 0 && device < kMaxCachedDevices) {
-    if (const int v = cache[device].load(std::memory_order_relaxed); v != 0) return v;
-  }
-  int value = 0;
-  MLLM_CUDA_CHECK(
-      cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (device >= 0 && device < kMaxCachedDevices) {
-    cache[device].store(value, std::memory_order_relaxed);
-  }
-  return value;
-}
-
 template <typename T, int kVec, bool kLog>
 void LaunchTyped(DLDevice dev, T* out, const T* x, int64_t rows, int64_t vocab, int64_t stride,
                  float inv_temp) {
@@ -182,7 +166,7 @@ void LaunchTyped(DLDevice dev, T* out, const T* x, int64_t rows, int64_t vocab, 
       static_cast<int>(std::clamp<int64_t>(host::div_ceil(work, 32) * 32, 32, 1024));
   // Leave room for the reductions' static shared memory (<= 1 KiB).
   const int64_t row_bytes = vocab * static_cast<int64_t>(sizeof(T));
-  const bool cache = row_bytes <= MaxSmemPerBlock(dev.device_id) - 1024;
+  const bool cache = row_bytes <= host::MaxSharedMemoryPerBlock(dev.device_id) - 1024;
   host::RuntimeCheck(rows <= 0x7fffffff, "softmax: too many rows (", rows, ") for one grid");
   const dim3 grid(static_cast<unsigned>(rows));
   if (cache) {

@@ -40,7 +40,9 @@ LSE_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 1e-3), torch.bfloa
 
 # (num_heads, num_kv_heads, block_size): group sizes 1, 4, 8 and block sizes 1, 7, 16, 64.
 CPU_CONFIGS = [(8, 8, 16), (8, 2, 7), (16, 2, 64), (16, 2, 1)]
-CUDA_CONFIGS = [(8, 8, 16), (8, 2, 7), (16, 2, 64), (16, 2, 1), (32, 8, 16), (64, 8, 32), (4, 1, 16)]
+# Groups of 16 (one full CTA of query heads), 20 and 32 (two CTAs a KV head) and 7 (odd) too.
+CUDA_CONFIGS = [(8, 8, 16), (8, 2, 7), (16, 2, 64), (16, 2, 1), (32, 8, 16), (64, 8, 32), (4, 1, 16),
+                (32, 2, 16), (40, 2, 16), (32, 1, 16), (28, 4, 16)]
 
 
 def dtype_id(dtype: torch.dtype) -> str:
@@ -170,7 +172,40 @@ def check_merge_random(device, dtype):
         assert torch.equal(flat_lse[1], lse_b.reshape(-1)[1].cpu()), "one side -inf: the other lse"
 
 
+def check_nan_propagates(device, dtype, **kw):
+    """A NaN in q makes that head's out and lse NaN; a NaN in an attended key makes every head of
+    its KV group NaN for that request. Nothing else changes, and the NaN is never hidden as the
+    0 / -inf of a request without keys (also with the keys split over several chunks)."""
+    seed("nan", device, dtype, kw)
+    case = make_paged_case([40, 50, 33], 8, 2, 64, 16, dtype, device=device)
+    case.q[0, 0, 3] = NAN
+    block = int(case.block_table[1, 17 // 16])
+    case.k_cache[block, 17 % 16, 0, 5] = NAN  # request 1, key 17, KV head 0 (query heads 0-3)
+    out, lse = decode_attention(*case.args(), return_lse=True, **kw)
+    bad = torch.zeros(3, 8, dtype=torch.bool)
+    bad[0, 0] = True
+    bad[1, :4] = True
+    assert torch.equal(torch.isnan(out.cpu()).all(-1), bad) and torch.equal(torch.isnan(out.cpu()).any(-1), bad)
+    assert torch.equal(torch.isnan(lse.cpu()), bad)
+    want_out, want_lse = case.ref()
+    assert_attention(out.cpu()[2:], lse.cpu()[2:], want_out[2:], want_lse[2:], dtype, "the request without NaN")
+
+
 # ----------------------------------------------------------------------------- CPU
+
+
+# x86 targets without F16C: Highway's emulated float16 -> float32 promotion turns NaN and inf into
+# large finite numbers (measured: lse 11046 for a NaN in q), so NaN cannot propagate from float16
+# inputs there. Every float16 CPU op shares that conversion; a fix belongs in
+# mllm_kernel/cpu/simd_io-inl.h, for all of them.
+NO_F16C_TARGETS = ("SSE2", "SSSE3", "SSE4")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_nan_propagates(dtype, simd_target):
+    if dtype == torch.float16 and simd_target in NO_F16C_TARGETS:
+        pytest.xfail(f"float16 NaN is converted to a finite number on {simd_target} (no F16C)")
+    check_nan_propagates("cpu", dtype)
 
 
 @pytest.mark.parametrize("config", CPU_CONFIGS, ids=lambda c: f"H{c[0]}_KH{c[1]}_bs{c[2]}")
@@ -454,6 +489,13 @@ def clean_cuda_errors():
 
 
 @cuda_only
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_nan_propagates(dtype, num_splits, clean_cuda_errors):
+    check_nan_propagates("cuda", dtype, num_splits=num_splits)
+
+
+@cuda_only
 @pytest.mark.parametrize("config", CUDA_CONFIGS, ids=lambda c: f"H{c[0]}_KH{c[1]}_bs{c[2]}")
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
@@ -721,3 +763,17 @@ def test_cuda_mismatched_devices(clean_cuda_errors):
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-v"]))
+
+
+@cuda_only
+def test_cuda_unaligned_rows_rejected(clean_cuda_errors):
+    # 16-byte vector loads and cp.async: a q or cache whose rows are not 16-byte aligned raises
+    # (naming it) instead of faulting.
+    seed("unaligned")
+    case = cuda_case([20], 4, 2, 64, 16, torch.float16)
+    buffer = torch.randn(4 * 64 + 1, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="q must be 16-byte aligned"):
+        decode_attention(buffer[1:].view(1, 4, 64), case.k_cache, case.v_cache, case.block_table, case.seq_lens)
+    cache = torch.randn(case.k_cache.numel() + 1, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="k_cache must be 16-byte aligned"):
+        decode_attention(case.q, cache[1:].view(case.k_cache.shape), case.v_cache, case.block_table, case.seq_lens)

@@ -2,7 +2,7 @@
  * \file mllm_kernel/cuda/launch.cuh
  * \brief Launching kernels: LaunchKernel on torch's current stream with programmatic dependent
  *        launch (PDL), the kernel side of PDL (pdl_wait_primary / pdl_launch_dependents),
- *        CudaCheck / MLLM_CUDA_CHECK and the per-device compute capability.
+ *        CudaCheck / MLLM_CUDA_CHECK, the per-device compute capability and opt-in shared memory.
  *
  * \code{.cpp}
  *   host::LaunchKernel(grid, block, dst.device()).enable_pdl(true)(my_kernel, out, in, n);
@@ -74,6 +74,19 @@ inline int GetComputeCapability(int device) {
   const int cc = major * 10 + minor;
   if (device >= 0 && device < kMaxCachedDevices) cache[device].store(cc, std::memory_order_relaxed);
   return cc;
+}
+
+/*! \brief The shared memory one block may opt into on \p device (bytes), queried once per device. */
+inline int64_t MaxSharedMemoryPerBlock(int device) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<int> cache[kMaxCachedDevices] = {};  // 0: not queried yet
+  if (device >= 0 && device < kMaxCachedDevices) {
+    if (const int v = cache[device].load(std::memory_order_relaxed); v != 0) return v;
+  }
+  int value = 0;
+  MLLM_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (device >= 0 && device < kMaxCachedDevices) cache[device].store(value, std::memory_order_relaxed);
+  return value;
 }
 
 /*!
