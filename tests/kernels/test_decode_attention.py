@@ -761,10 +761,6 @@ def test_cuda_mismatched_devices(clean_cuda_errors):
         merge_attention_states(v, lse, v, lse.cpu())
 
 
-if __name__ == "__main__":
-    raise SystemExit(pytest.main([__file__, "-v"]))
-
-
 @cuda_only
 def test_cuda_unaligned_rows_rejected(clean_cuda_errors):
     # 16-byte vector loads and cp.async: a q or cache whose rows are not 16-byte aligned raises
@@ -777,3 +773,7 @@ def test_cuda_unaligned_rows_rejected(clean_cuda_errors):
     cache = torch.randn(case.k_cache.numel() + 1, device="cuda", dtype=torch.float16)
     with pytest.raises(ValueError, match="k_cache must be 16-byte aligned"):
         decode_attention(case.q, cache[1:].view(case.k_cache.shape), case.v_cache, case.block_table, case.seq_lens)
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-v"]))
