@@ -15,6 +15,7 @@
 #define MLLM_KERNEL_ROPE_INL_H_
 #endif
 #include <hwy/highway.h>  // this target's ops
+#include <mllm_kernel/cpu/simd_io-inl.h>  // PromoteToF32, per target too
 
 HWY_BEFORE_NAMESPACE();
 namespace mllm_kernel::cpu::HWY_NAMESPACE {
@@ -29,7 +30,7 @@ HWY_INLINE hn::VFromD<DF> LoadAsFloat(DF df, const T* p, size_t n) {
     return n == hn::Lanes(df) ? hn::LoadU(df, p) : hn::LoadN(df, p, n);
   } else {
     const hn::Rebind<T, DF> dt;
-    return hn::PromoteTo(df, n == hn::Lanes(df) ? hn::LoadU(dt, p) : hn::LoadN(dt, p, n));
+    return PromoteToF32(df, n == hn::Lanes(df) ? hn::LoadU(dt, p) : hn::LoadN(dt, p, n));
   }
 }
 

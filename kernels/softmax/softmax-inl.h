@@ -18,6 +18,7 @@
 #endif
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>  // per target, like this file
+#include <mllm_kernel/cpu/simd_io-inl.h>  // PromoteToF32, per target too
 
 HWY_BEFORE_NAMESPACE();
 namespace mllm_kernel::cpu::HWY_NAMESPACE {
@@ -33,7 +34,7 @@ HWY_INLINE hn::Vec<DF> LoadF(DF df, const T* HWY_RESTRICT p) {
     return hn::LoadU(df, p);
   } else {
     const hn::Rebind<T, DF> dh;  // half-width vector of 16-bit lanes
-    return hn::PromoteTo(df, hn::LoadU(dh, p));
+    return PromoteToF32(df, hn::LoadU(dh, p));
   }
 }
 
@@ -44,7 +45,7 @@ HWY_INLINE hn::Vec<DF> LoadFN(DF df, const T* HWY_RESTRICT p, size_t n) {
     return hn::LoadN(df, p, n);
   } else {
     const hn::Rebind<T, DF> dh;
-    return hn::PromoteTo(df, hn::LoadN(dh, p, n));
+    return PromoteToF32(df, hn::LoadN(dh, p, n));
   }
 }
 

@@ -318,5 +318,18 @@ def test_cuda_bad_devices_raise():
         fused_add_rms_norm(x, make((4, 8), torch.float32), w.cuda())
 
 
+def test_cpu_float16_inf_and_nan_stay_non_finite():
+    # Runs on every SIMD target (conftest.py). x86 targets without F16C promote float16 in
+    # software; Highway's portable promotion read inf and NaN as finite numbers near 2^16
+    # (mllm_kernel/cpu/simd_io-inl.h PromoteToF32 fixes it up for every CPU op).
+    x = torch.randn(3, 40, dtype=torch.float16)
+    x[0, 3] = float("nan")
+    x[1, 5] = float("inf")
+    y = rms_norm(x, torch.ones(40, dtype=torch.float16))
+    assert torch.isnan(y[0]).all(), "a NaN in the row makes every output of the row NaN"
+    assert torch.isnan(y[1, 5]) and (y[1, torch.arange(40) != 5] == 0).all(), "inf: sum of squares inf, scale 0"
+    assert torch.isfinite(y[2]).all()
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-v"]))
