@@ -18,7 +18,7 @@
 #endif
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>  // per target, like this file
-#include <mllm_kernel/cpu/simd_io-inl.h>  // PromoteToF32, per target too
+#include <mllm_kernel/cpu/simd_io-inl.h>  // LoadF32 / StoreF32, per target too
 
 HWY_BEFORE_NAMESPACE();
 namespace mllm_kernel::cpu::HWY_NAMESPACE {
@@ -27,47 +27,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 
-// Full vector of float32 from T (float, hwy::float16_t or hwy::bfloat16_t).
-template <typename T>
-HWY_INLINE hn::Vec<DF> LoadF(DF df, const T* HWY_RESTRICT p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return hn::LoadU(df, p);
-  } else {
-    const hn::Rebind<T, DF> dh;  // half-width vector of 16-bit lanes
-    return PromoteToF32(df, hn::LoadU(dh, p));
-  }
-}
-
-// First n (< Lanes) elements; the other lanes are zero.
-template <typename T>
-HWY_INLINE hn::Vec<DF> LoadFN(DF df, const T* HWY_RESTRICT p, size_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    return hn::LoadN(df, p, n);
-  } else {
-    const hn::Rebind<T, DF> dh;
-    return PromoteToF32(df, hn::LoadN(dh, p, n));
-  }
-}
-
-template <typename T>
-HWY_INLINE void StoreF(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p) {
-  if constexpr (std::is_same_v<T, float>) {
-    hn::StoreU(v, df, p);
-  } else {
-    const hn::Rebind<T, DF> dh;
-    hn::StoreU(hn::DemoteTo(dh, v), dh, p);
-  }
-}
-
-template <typename T>
-HWY_INLINE void StoreFN(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p, size_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    hn::StoreN(v, df, p, n);
-  } else {
-    const hn::Rebind<T, DF> dh;
-    hn::StoreN(hn::DemoteTo(dh, v), dh, p, n);
-  }
-}
+// Loads and stores of T as float32 vectors: LoadF32 / LoadF32N / StoreF32 / StoreF32N
+// (mllm_kernel/cpu/simd_io-inl.h).
 
 // One row: out = softmax(x * inv_temp) or log_softmax(x * inv_temp), accumulated in float32.
 // Three passes over the row (max, sum of exp, write): a vocab row fits in L2, so recomputing
@@ -83,12 +44,12 @@ HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, floa
   auto vmax0 = neg_inf, vmax1 = neg_inf;  // two accumulators hide the max latency
   size_t i = 0;
   for (; i + 2 * lanes <= n; i += 2 * lanes) {
-    vmax0 = hn::Max(vmax0, LoadF(df, x + i));
-    vmax1 = hn::Max(vmax1, LoadF(df, x + i + lanes));
+    vmax0 = hn::Max(vmax0, LoadF32(df, x + i));
+    vmax1 = hn::Max(vmax1, LoadF32(df, x + i + lanes));
   }
-  for (; i + lanes <= n; i += lanes) vmax0 = hn::Max(vmax0, LoadF(df, x + i));
+  for (; i + lanes <= n; i += lanes) vmax0 = hn::Max(vmax0, LoadF32(df, x + i));
   if (i < n) {  // zero-filled lanes must not win the max
-    const auto tail = hn::IfThenElse(hn::FirstN(df, n - i), LoadFN(df, x + i, n - i), neg_inf);
+    const auto tail = hn::IfThenElse(hn::FirstN(df, n - i), LoadF32N(df, x + i, n - i), neg_inf);
     vmax0 = hn::Max(vmax0, tail);
   }
   const float row_max = hn::ReduceMax(df, hn::Max(vmax0, vmax1));
@@ -105,12 +66,12 @@ HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, floa
   auto vsum0 = hn::Zero(df), vsum1 = hn::Zero(df);
   i = 0;
   for (; i + 2 * lanes <= n; i += 2 * lanes) {
-    vsum0 = hn::Add(vsum0, hn::Exp(df, scaled(LoadF(df, x + i))));
-    vsum1 = hn::Add(vsum1, hn::Exp(df, scaled(LoadF(df, x + i + lanes))));
+    vsum0 = hn::Add(vsum0, hn::Exp(df, scaled(LoadF32(df, x + i))));
+    vsum1 = hn::Add(vsum1, hn::Exp(df, scaled(LoadF32(df, x + i + lanes))));
   }
-  for (; i + lanes <= n; i += lanes) vsum0 = hn::Add(vsum0, hn::Exp(df, scaled(LoadF(df, x + i))));
+  for (; i + lanes <= n; i += lanes) vsum0 = hn::Add(vsum0, hn::Exp(df, scaled(LoadF32(df, x + i))));
   if (i < n) {
-    const auto e = hn::Exp(df, scaled(LoadFN(df, x + i, n - i)));
+    const auto e = hn::Exp(df, scaled(LoadF32N(df, x + i, n - i)));
     vsum0 = hn::Add(vsum0, hn::IfThenElseZero(hn::FirstN(df, n - i), e));
   }
   const float sum = hn::ReduceSum(df, hn::Add(vsum0, vsum1));
@@ -119,15 +80,15 @@ HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, floa
   i = 0;
   if (log) {
     const auto vlog = hn::Set(df, std::log(sum));
-    for (; i + lanes <= n; i += lanes) StoreF(df, hn::Sub(scaled(LoadF(df, x + i)), vlog), out + i);
-    if (i < n) StoreFN(df, hn::Sub(scaled(LoadFN(df, x + i, n - i)), vlog), out + i, n - i);
+    for (; i + lanes <= n; i += lanes) StoreF32(df, hn::Sub(scaled(LoadF32(df, x + i)), vlog), out + i);
+    if (i < n) StoreF32N(df, hn::Sub(scaled(LoadF32N(df, x + i, n - i)), vlog), out + i, n - i);
   } else {
     const auto vinv = hn::Set(df, 1.0f / sum);
     for (; i + lanes <= n; i += lanes) {
-      StoreF(df, hn::Mul(hn::Exp(df, scaled(LoadF(df, x + i))), vinv), out + i);
+      StoreF32(df, hn::Mul(hn::Exp(df, scaled(LoadF32(df, x + i))), vinv), out + i);
     }
     if (i < n) {
-      StoreFN(df, hn::Mul(hn::Exp(df, scaled(LoadFN(df, x + i, n - i))), vinv), out + i, n - i);
+      StoreF32N(df, hn::Mul(hn::Exp(df, scaled(LoadF32N(df, x + i, n - i))), vinv), out + i, n - i);
     }
   }
 }
