@@ -40,6 +40,7 @@ MAX_SPLITS = 128  # decode_attention.hpp kMaxSplits
 # (decode_attention.cuh kRows; larger groups use several); CTAs resident per SM by head_dim
 # (decode_attention.cuh: registers at 64, shared memory at 128 and 256, 100 and 200 KiB of 227).
 MIN_KEYS_PER_SPLIT = 128
+LONG_SPLIT_KEYS = 1024  # chunks at least this long fill all CTA slots, shorter ones one per SM
 HEADS_PER_CTA = 16
 CTAS_PER_SM = {64: 2, 128: 2, 256: 1}
 
@@ -75,8 +76,8 @@ _sm_counts: dict[torch.device, int] = {}
 
 def plan_num_splits(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, max_keys: int,
                     device: torch.device) -> int:
-    """The split count for these shapes on `device` (1 on the CPU): the largest power of two that
-    still fits one wave of CTAs on the GPU, no chunk shorter than MIN_KEYS_PER_SPLIT keys of max_keys (the block
+    """The split count for these shapes on `device` (1 on the CPU): a power of two that fits one
+    wave of CTAs on the GPU, no chunk shorter than MIN_KEYS_PER_SPLIT keys of max_keys (the block
     table's capacity, not the actual seq_lens, so that the plan is CUDA-graph safe)."""
     if device.type != "cuda":
         return 1
@@ -84,14 +85,19 @@ def plan_num_splits(batch: int, num_heads: int, num_kv_heads: int, head_dim: int
     if sms is None:
         sms = _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
     group = max(1, num_heads // max(1, num_kv_heads))
-    ctas = batch * num_kv_heads * -(-group // HEADS_PER_CTA)
-    slots = sms * CTAS_PER_SM.get(head_dim, 1)
+    ctas = max(1, batch * num_kv_heads * -(-group // HEADS_PER_CTA))
     limit = max(1, min(MAX_SPLITS, max_keys // MIN_KEYS_PER_SPLIT))
-    # One wave: the largest power of two of splits that fits the GPU's CTA slots. Measured on an
-    # H100 (benchmarks/RESULTS.md): a tail wave or more splits cost more than they gain, and 32
-    # splits beat 33 (whole blocks per chunk).
-    fit = max(1, min(limit, slots // max(ctas, 1)))
-    return 1 << (fit.bit_length() - 1)
+
+    def fit(slots: int) -> int:  # the largest power of two of splits within `slots` CTAs
+        n = max(1, min(limit, slots // ctas))
+        return 1 << (n.bit_length() - 1)
+
+    # Measured on an H100 (benchmarks/RESULTS.md): a tail wave or more splits cost more than they
+    # gain, and 32 splits beat 33 (whole blocks per chunk). Long chunks fill every CTA slot (more
+    # bytes in flight); short ones, whose run time is their chain of dependent loads and the
+    # merge, do better with one CTA per SM and half the partial states.
+    full = fit(sms * CTAS_PER_SM.get(head_dim, 1))
+    return full if max_keys // full >= LONG_SPLIT_KEYS else fit(sms)
 
 
 _plans: dict[tuple, int] = {}

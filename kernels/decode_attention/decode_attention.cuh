@@ -10,7 +10,7 @@
  * the group's heads share one pass over the pages: they are the 16 rows of m16n8k16 tensor-core
  * products S = q K^T and O += P V (rows past the group are zeros). The CTA's warps take its key
  * tiles (16 keys) in turn; each warp streams its tiles through its own ring in shared memory with
- * cp.async (one tile in flight while one is consumed) and keeps its own online-softmax state (in
+ * cp.async (both of its stages in flight while it waits) and keeps its own online-softmax state (in
  * log2 units); the warps' states are merged at the end. With num_splits > 1 the CTA writes a
  * float32 partial state and MergeSplitsKernel combines them.
  *
@@ -39,14 +39,13 @@ using device::bf16_t;
 using device::fp16_t;
 
 // Warps per CTA. Measured on an H100 (benchmarks/RESULTS.md): what counts is warps per SM. 6
-// warps with 2 stages (one tile in flight while one is consumed; 100 KiB, 2 CTAs per SM at
-// head_dim 128) beat 4 x 3 by 0-14% and 2 x 4, 2 x 6, 4 x 4 and 1 x 6 by far. GPUs that cannot
+// warps with 2 stages (100 KiB, 2 CTAs per SM at head_dim 128) beat 4 x 3 by 0-14% and 2 x 4, 2 x 6, 4 x 4 and 1 x 6 by far. GPUs that cannot
 // give a block that much shared memory (sm_86/89: 99 KiB; sm_80: 163 KiB) run 2 warps a CTA.
 constexpr int kWarpsLarge = 6;
 constexpr int kWarpsSmall = 2;
 constexpr int kTile = 16;    // keys per warp tile: the k of one m16n8k16 product P . V
 constexpr int kRows = 16;    // query heads per CTA: the m of the tensor-core products
-constexpr int kStages = 2;   // tiles a warp holds in shared memory: 1 in flight, 1 consumed
+constexpr int kStages = 2;   // tiles a warp holds in shared memory, all in flight while it waits
 constexpr int kChunk = 8;    // 16-bit elements per 16-byte chunk (one cp.async, one ldmatrix row)
 
 // Shared memory of a CTA: q [kRows, D], then each warp's ring of K and V tiles [kTile, D]. The
@@ -199,16 +198,18 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
 
   device::pdl_wait_primary();  // q, the cache and seq_lens may come from the previous kernel
 
-  // q rows of this CTA's heads into shared memory (zeros past `heads`).
+  // seq_len -> block table -> K/V is a chain of dependent loads: at short contexts it is the
+  // kernel's run time, so it starts first and q's copy (cp.async) runs beside it.
+  int64_t len = p.seq_lens[b];
+  // q rows of this CTA's heads into shared memory (zero-filled past `heads`): the first copy group.
   for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < heads) v = reinterpret_cast<const uint4*>(p.q + b * p.q_stride + static_cast<int64_t>(head0 + r) * D)[c];
-    q_tile[swizzle<D>(r, c)] = v;
+    const T* src = r < heads ? p.q + b * p.q_stride + static_cast<int64_t>(head0 + r) * D + c * kChunk : p.q;
+    cp_async_16(q_tile + swizzle<D>(r, c), src, r < heads);
   }
+  cp_async_commit();
 
   // Keys [first, last) of this split, cut into tiles of kTile keys.
-  int64_t len = p.seq_lens[b];
   if (len < 0 || len > p.max_keys) {
     if (threadIdx.x == 0 && split == 0 && blockIdx.y == 0) device::record_error(p.error, -(b + 1), len);
     len = len < 0 ? 0 : p.max_keys;
@@ -232,19 +233,25 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
     return first + static_cast<int64_t>(warp + i * kWarps) * kTile + pass * kRowsPerPass + lane / kChunks;
   };
 
-  // Block ids of the next tile's rows, loaded one tile ahead of their copies (-1: past `last`).
-  int32_t blocks[kPasses];
-  auto load_blocks = [&](int i) {
+  // Block ids of a tile's rows (-1: past `last`), per stage; loaded kStages tiles ahead of the
+  // tile's copies, so that the table's latency hides behind the tiles in between.
+  int32_t blocks[kStages][kPasses];
+  auto load_blocks = [&](int i, int32_t(&ids)[kPasses]) {
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int64_t t = key_of(i, pass);
-      blocks[pass] = i < my_tiles && t < last ? table[p.block_size.div(static_cast<uint32_t>(t))] : -1;
+      ids[pass] = i < my_tiles && t < last ? table[p.block_size.div(static_cast<uint32_t>(t))] : -1;
     }
   };
   uint32_t key_mask[kStages];  // bit r: row r of the tile in that stage is a key (warp-uniform)
 
-  // Copies the warp's i-th tile into `stage`; rows past `last` or in a bad block zero-fill.
-  auto issue = [&](int i, int stage) {
+  // Copies the warp's i-th tile into `stage` (rows past `last` or in a bad block zero-fill) as one
+  // commit group; past the warp's last tile the group is empty, so that wait counts stay uniform.
+  auto issue = [&](int i, int stage, const int32_t(&ids)[kPasses]) {
+    if (i >= my_tiles) {  // uniform over the warp
+      cp_async_commit();
+      return;
+    }
     uint4* k_tile = ring + stage * 2 * kTile * kChunks;
     uint4* v_tile = k_tile + kTile * kChunks;
     uint32_t mask = 0;
@@ -252,7 +259,7 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
     for (int pass = 0; pass < kPasses; ++pass) {
       const int row = pass * kRowsPerPass + lane / kChunks;
       const int64_t t = key_of(i, pass);
-      const int32_t block = blocks[pass];
+      const int32_t block = ids[pass];
       const bool valid = block >= 0 && block < p.num_blocks;
       const T* k_src = p.k_cache;
       const T* v_src = p.v_cache;
@@ -261,7 +268,7 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
         const int64_t offset = (t - static_cast<int64_t>(j) * p.block_size.d) * row_elems;
         k_src = k_head + block * p.k_block_stride + offset;
         v_src = v_head + block * p.v_block_stride + offset;
-      } else if (block != -1 || (i < my_tiles && t < last)) {
+      } else if (block != -1 || t < last) {
         if (my_chunk == 0) device::record_error(p.error, (static_cast<int64_t>(b) << 32) | j, block);
       }
       cp_async_16(k_tile + swizzle<D>(row, my_chunk), k_src, valid);
@@ -271,8 +278,7 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
       for (int r = 0; r < kRowsPerPass; ++r) mask |= ((ballot >> (r * kChunks)) & 1u) << (pass * kRowsPerPass + r);
     }
     key_mask[stage] = mask;
-    cp_async_commit();  // one group per tile, empty or not, so wait counts stay uniform
-    load_blocks(i + 1);
+    cp_async_commit();
   };
 
   // Per lane: rows r0 = lane / 4 and r0 + 8 of the running max m (log2 units), sum l and O.
@@ -348,20 +354,29 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
     }
   };
 
-  __syncthreads();  // q_tile written
-  // Pipeline: tiles i + 1 .. i + kStages - 1 are in flight while tile i is consumed. Unrolled over the
-  // stages so that key_mask is indexed by constants (it stays in registers).
-  load_blocks(0);
+  // Pipeline: every stage is filled before the first tile is consumed, and a stage is refilled
+  // (tile i + kStages) as soon as tile i is consumed, so that kStages tiles are in flight while a
+  // warp waits. Unrolled over the stages so that key_mask and blocks are indexed by constants
+  // (they stay in registers).
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i, i);
+  for (int s = 0; s < kStages; ++s) load_blocks(s, blocks[s]);
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) {
+    issue(s, s, blocks[s]);
+    load_blocks(s + kStages, blocks[s]);
+  }
+  cp_async_wait<kStages>();  // this thread's part of q (the oldest group)
+  __syncthreads();           // every thread's part
   for (int i0 = 0; i0 < my_tiles; i0 += kStages) {
 #pragma unroll
     for (int j = 0; j < kStages; ++j) {
       if (i0 + j < my_tiles) {  // uniform over the warp
-        cp_async_wait<kStages - 2>();
-        __syncwarp();  // every lane's copies of tile i0 + j landed; every lane done with the stage reused next
-        issue(i0 + j + kStages - 1, (j + kStages - 1) % kStages);
+        cp_async_wait<kStages - 1>();
+        __syncwarp();  // every lane's copies of tile i0 + j landed
         consume(j);
+        __syncwarp();  // every lane is done reading stage j
+        issue(i0 + j + kStages, j, blocks[j]);
+        load_blocks(i0 + j + 2 * kStages, blocks[j]);
       }
     }
   }
@@ -430,60 +445,70 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
 
 // ---------------------------------------------------------------------------- merges
 
-/*! \brief One CTA of kMergeThreads per (request, head): out = sum_s w_s o_s over the splits'
- * partial states, w_s = e^(lse_s - lse) (natural log). Threads hold 4 dims of one split group
- * each, so the partial rows' loads are independent and all in flight at once. */
-constexpr int kMergeThreads = 128;
+/*! \brief One CTA per (request, head): out = sum_s w_s o_s / sum_s w_s over the splits' partial
+ * states, w_s = e^(lse_s - max lse) (natural log). It runs after the decode kernel, on the
+ * critical path of every split call, and reads partials that sit in L2: its time is load
+ * latency, so the splits are spread over kMergeWarps warps whose lanes hold D / 32 dims each and
+ * keep kMergeUnroll rows in flight. Every warp derives the max and the sum from all the lses
+ * itself (no barrier); one barrier sums the warps' rows. A NaN lse makes the row NaN (fmaxf
+ * alone would drop it). */
+constexpr int kMergeWarps = 4;
+constexpr int kMergeUnroll = 8;
 
-template <typename T>
-__global__ void __launch_bounds__(kMergeThreads) MergeSplitsKernel(T* out, float* lse, const float* partial_out,
-                                                                   const float* partial_lse, int num_splits,
-                                                                   int head_dim) {
-  __shared__ float weights[decode_attention::kMaxSplits];
-  __shared__ float4 sums[kMergeThreads];
+template <typename T, int D>
+__global__ void __launch_bounds__(kMergeWarps * 32) MergeSplitsKernel(T* out, float* lse, const float* partial_out,
+                                                                      const float* partial_lse, int num_splits) {
+  constexpr int kDims = D / 32;  // per lane: 2, 4 or 8 consecutive floats
+  __shared__ float sums[kMergeWarps][D];
   device::pdl_wait_primary();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
   const float* lses = partial_lse + row * num_splits;
-  float m = -INFINITY, nans = 0.f;
-  for (int s = threadIdx.x; s < num_splits; s += kMergeThreads) {
-    m = fmaxf(m, lses[s]);  // skips NaN: counted apart, so that a NaN split is not dropped
-    nans += lses[s] != lses[s] ? 1.f : 0.f;
+  float m = -INFINITY;
+  bool nan = false;
+  for (int s = lane; s < num_splits; s += 32) {
+    m = fmaxf(m, lses[s]);
+    nan |= lses[s] != lses[s];
   }
-  m = device::block_reduce_max(m);
-  nans = device::block_reduce_sum(nans);
+  m = device::warp_reduce_max(m);
+  nan = __any_sync(device::kFullMask, nan);
   float total = 0.f;
-  for (int s = threadIdx.x; s < num_splits; s += kMergeThreads) {
-    const float w = m == -INFINITY ? 0.f : expf(lses[s] - m);
-    weights[s] = w;
-    total += w;
-  }
-  total = device::block_reduce_sum(total);  // its barriers also publish `weights`
-  if (nans > 0.f) total = NAN;
-  const int quads = head_dim / 4;           // 16, 32 or 64 threads cover one partial row
-  const int groups = kMergeThreads / quads;
-  const int quad = threadIdx.x % quads, group = threadIdx.x / quads;
-  const float4* rows = reinterpret_cast<const float4*>(partial_out + row * num_splits * head_dim);
-  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s = group; s < num_splits; s += groups) {
-    const float4 x = rows[s * quads + quad];
-    const float w = weights[s];
-    o = make_float4(fmaf(w, x.x, o.x), fmaf(w, x.y, o.y), fmaf(w, x.z, o.z), fmaf(w, x.w, o.w));
-  }
-  sums[threadIdx.x] = o;
-  __syncthreads();
-  if (group == 0) {
-    for (int g = 1; g < groups; ++g) {
-      const float4 x = sums[g * quads + quad];
-      o = make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
+  for (int s = lane; s < num_splits; s += 32) total += m == -INFINITY ? 0.f : expf(lses[s] - m);
+  total = device::warp_reduce_sum(total);
+  if (nan) total = NAN;
+  float o[kDims] = {};
+  const float* rows_of = partial_out + row * num_splits * D + lane * kDims;
+  for (int s0 = warp; s0 < num_splits; s0 += kMergeWarps * kMergeUnroll) {
+    float x[kMergeUnroll][kDims];
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {  // all loads first: kMergeUnroll rows in flight
+      const int s = s0 + u * kMergeWarps;
+#pragma unroll
+      for (int i = 0; i < kDims; i += 2) {
+        const float2 v = s < num_splits ? *reinterpret_cast<const float2*>(rows_of + s * D + i) : float2{0.f, 0.f};
+        x[u][i] = v.x;
+        x[u][i + 1] = v.y;
+      }
     }
-    const float inv = total == 0.f ? 0.f : 1.f / total;  // NaN stays NaN
-    T* dst = out + row * head_dim + quad * 4;
-    dst[0] = device::from_float<T>(o.x * inv);
-    dst[1] = device::from_float<T>(o.y * inv);
-    dst[2] = device::from_float<T>(o.z * inv);
-    dst[3] = device::from_float<T>(o.w * inv);
-    if (quad == 0) lse[row] = total == 0.f ? -INFINITY : m + logf(total);
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      const int s = s0 + u * kMergeWarps;
+      const float w = s < num_splits && m != -INFINITY ? expf(lses[s] - m) : 0.f;
+#pragma unroll
+      for (int i = 0; i < kDims; ++i) o[i] = fmaf(w, x[u][i], o[i]);
+    }
   }
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) sums[warp][lane * kDims + i] = o[i];
+  __syncthreads();
+  const float inv = total == 0.f ? 0.f : 1.f / total;  // NaN stays NaN
+  for (int d = threadIdx.x; d < D; d += kMergeWarps * 32) {
+    float value = 0.f;
+#pragma unroll
+    for (int w = 0; w < kMergeWarps; ++w) value += sums[w][d];
+    out[row * D + d] = device::from_float<T>(value * inv);
+  }
+  if (threadIdx.x == 0) lse[row] = total == 0.f ? -INFINITY : m + logf(total);
 }
 
 /*! \brief One warp per (row, head): the union of two partial states (merge_attention_states). */
@@ -609,9 +634,11 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
     default: LaunchDecodeFitting<T, 256>(p, a.device, batch); break;  // the contract allows no other
   }
   if (a.num_splits > 1) {
-    host::LaunchKernel(static_cast<unsigned>(a.batch * a.num_heads), kMergeThreads, a.device)
-        .enable_pdl(true)(MergeSplitsKernel<T>, p.out, p.lse, p.partial_out, p.partial_lse, p.num_splits,
-                          static_cast<int>(a.head_dim));
+    const auto merge = a.head_dim == 64 ? MergeSplitsKernel<T, 64>
+                       : a.head_dim == 128 ? MergeSplitsKernel<T, 128>
+                                           : MergeSplitsKernel<T, 256>;
+    host::LaunchKernel(static_cast<unsigned>(a.batch * a.num_heads), kMergeWarps * 32, a.device)
+        .enable_pdl(true)(merge, p.out, p.lse, p.partial_out, p.partial_lse, p.num_splits);
   }
 }
 

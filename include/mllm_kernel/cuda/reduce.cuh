@@ -63,14 +63,16 @@ __device__ __forceinline__ T warp_reduce(T value) {
 template <bool kMax, typename T>
 __device__ __forceinline__ T block_reduce(T value) {
   // Raw storage: __shared__ forbids element types with constructors.
-  __shared__ alignas(T) unsigned char storage[kWarpThreads * sizeof(T)];
+  // kWarpThreads warp partials, then the result in a slot of its own (no barrier needed between
+  // warp 0's reads of the partials and the result's write).
+  __shared__ alignas(T) unsigned char storage[(kWarpThreads + 1) * sizeof(T)];
   T* partials = reinterpret_cast<T*>(storage);
   const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   const unsigned lane = tid % kWarpThreads;
   const unsigned warp = tid / kWarpThreads;
   const unsigned num_warps = blockDim.x * blockDim.y * blockDim.z / kWarpThreads;
   value = warp_reduce<kMax>(value);
-  __syncthreads();  // a previous call may still be reading partials[0]
+  __syncthreads();  // a previous call may still be reading the result
   if (lane == 0) partials[warp] = value;
   __syncthreads();
   if (warp == 0) {
@@ -78,10 +80,10 @@ __device__ __forceinline__ T block_reduce(T value) {
     value = partials[lane < num_warps ? lane : 0];
     if (!kMax && lane >= num_warps) value = T{};
     value = warp_reduce<kMax>(value);
-    if (lane == 0) partials[0] = value;  // safe: shfl_sync above ordered all reads of warp 0
+    if (lane == 0) partials[kWarpThreads] = value;
   }
   __syncthreads();
-  return partials[0];
+  return partials[kWarpThreads];
 }
 }  // namespace detail
 
