@@ -1,7 +1,7 @@
 """decode_attention on the GPU against FlashInfer's paged decode and torch SDPA, per KV byte.
 
     python3 benchmarks/bench_decode_attention.py [--batches 1,8,64,256] [--contexts 512,4096,32768,131072]
-                                                 [--iters 50] [--json PATH] [--no-flashinfer] [--no-sdpa]
+                                                 [--iters 50] [--json PATH] [--no-flashinfer] [--no-sdpa] [--fp8]
 
 From the repository root it measures the checkout's mllm_kernel (as bench_ops.py does); copy it out
 of the checkout to measure an installed wheel. FlashInfer is optional (its columns stay empty if
@@ -19,7 +19,9 @@ same run (bytes = read + write, launched eagerly, median). FlashInfer: BatchDeco
 Wrapper (NHD layout = our [num_blocks, block_size, kv_heads, head_dim]; one wrapper per input set,
 plan() once per set, its host time reported separately, run() timed). SDPA:
 F.scaled_dot_product_attention(enable_gqa=True) on K/V gathered in advance (only the call is timed;
-skipped where the gathered copy does not fit). Every implementation is checked before timing: max
+skipped where the gathered copy does not fit). --fp8: the caches are float8_e4m3fn (the bf16 values
+converted; k_scale 0.5, v_scale 0.25), FlashInfer gets the same caches and scales, GB/s counts the
+fp8 bytes, SDPA runs on the dequantized bf16 K/V. Every implementation is checked before timing: max
 |err| against a float64 reference on the first requests, and max |diff| against ours on all.
 """
 
@@ -110,15 +112,20 @@ def copy_gbps(iters: int) -> float:
     return 2 * n * 4 / (statistics.median(samples) * 1e-3) / 1e9
 
 
-def make_sets(batch: int, context: int, l2_bytes: int):
+FP8, K_SCALE, V_SCALE = torch.float8_e4m3fn, 0.5, 0.25
+
+
+def make_sets(batch: int, context: int, l2_bytes: int, fp8: bool = False):
     """A shared cache and the input sets (q, block_table, seq_lens) that rotate over it."""
     pages = -(-context // BS)
-    set_bytes = 2 * batch * context * KH * D * DTYPE.itemsize
+    set_bytes = 2 * batch * context * KH * D * (1 if fp8 else DTYPE.itemsize)
     num_sets = max(1, min(128, math.ceil(4 * l2_bytes / set_bytes)))
     gen = torch.Generator(device="cuda").manual_seed(0)
     num_blocks = num_sets * batch * pages
     k_cache = torch.randn(num_blocks, BS, KH, D, device="cuda", dtype=DTYPE, generator=gen)
     v_cache = torch.randn(num_blocks, BS, KH, D, device="cuda", dtype=DTYPE, generator=gen)
+    if fp8:
+        k_cache, v_cache = k_cache.to(FP8), v_cache.to(FP8)
     ids = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32).view(num_sets, batch, pages)
     lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     sets = [(torch.randn(batch, H, D, device="cuda", dtype=DTYPE, generator=gen), ids[i].contiguous(), lens)
@@ -140,12 +147,13 @@ def flashinfer_runs(k_cache, v_cache, sets, context, args):
         last = (lens - (pages - 1) * BS).to(torch.int32)
         t0 = time.perf_counter()
         wrapper.plan(indptr, indices, last, H, KH, D, BS, pos_encoding_mode="NONE", q_data_type=DTYPE,
-                     kv_data_type=DTYPE)
+                     kv_data_type=k_cache.dtype)
         plan_us.append((time.perf_counter() - t0) * 1e6)
         backend = getattr(wrapper, "resolved_backend", None) or getattr(wrapper, "_backend", None)
         out = torch.empty_like(q)
         outs.append(out)
-        calls.append(lambda w=wrapper, q=q, out=out: w.run(q, (k_cache, v_cache), out=out))
+        scales = dict(k_scale=K_SCALE, v_scale=V_SCALE) if k_cache.dtype == FP8 else {}
+        calls.append(lambda w=wrapper, q=q, out=out, s=scales: w.run(q, (k_cache, v_cache), out=out, **s))
     # The first plan may JIT-load the module: report the median of the rest.
     return calls, outs, statistics.median(plan_us[1:] if len(plan_us) > 1 else plan_us), backend
 
@@ -155,18 +163,25 @@ def gathered(k_cache, v_cache, table, context):
     b, pages = table.shape
     k = k_cache[table.long()].view(b, pages * BS, KH, D)[:, :context].transpose(1, 2).contiguous()
     v = v_cache[table.long()].view(b, pages * BS, KH, D)[:, :context].transpose(1, 2).contiguous()
+    if k_cache.dtype == FP8:
+        k, v = (k.to(DTYPE) * K_SCALE).contiguous(), (v.to(DTYPE) * V_SCALE).contiguous()
     return k, v
 
 
 def bench_row(batch: int, context: int, args, l2_bytes: int, copy: float) -> dict:
-    k_cache, v_cache, sets, set_bytes = make_sets(batch, context, l2_bytes)
+    k_cache, v_cache, sets, set_bytes = make_sets(batch, context, l2_bytes, args.fp8)
     row = {"batch": batch, "context": context, "kv_mb": set_bytes / 1e6, "sets": len(sets)}
     outs = [torch.empty_like(q) for q, _, _ in sets]
-    ours = [lambda q=q, t=t, n=n, o=o, kc=k_cache, vc=v_cache: decode_attention(q, kc, vc, t, n, out=o)
+    scales = dict(k_scale=K_SCALE, v_scale=V_SCALE) if args.fp8 else {}
+    ours = [lambda q=q, t=t, n=n, o=o, kc=k_cache, vc=v_cache: decode_attention(q, kc, vc, t, n, out=o, **scales)
             for (q, t, n), o in zip(sets, outs)]
     q0, t0, n0 = sets[0]
     r = min(batch, REF_ROWS)
-    want, _ = ref_decode_attention(q0[:r], k_cache, v_cache, t0[:r], n0[:r])
+    if args.fp8:  # the stored values times the scales: k's scales the logits, v's the output
+        want, _ = ref_decode_attention(q0[:r], k_cache, v_cache, t0[:r], n0[:r], scale=D ** -0.5 * K_SCALE)
+        want = want * V_SCALE
+    else:
+        want, _ = ref_decode_attention(q0[:r], k_cache, v_cache, t0[:r], n0[:r])
 
     def err(out):
         return (out[:r].double().cpu() - want).abs().max().item()
@@ -235,6 +250,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-sdpa", action="store_true")
     p.add_argument("--fi-backend", default="auto", help="FlashInfer decode backend (auto, fa2, ...)")
     p.add_argument("--fi-tensor-cores", action="store_true", help="FlashInfer's tensor-core decode")
+    p.add_argument("--fp8", action="store_true", help="float8_e4m3fn caches (k_scale 0.5, v_scale 0.25)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -246,7 +262,7 @@ def main(argv=None) -> int:
     header = [f"GPU: {props.name}, L2 {l2_bytes / 2**20:.0f} MiB; torch {torch.__version__}",
               f"FlashInfer: {flashinfer.__version__ if flashinfer else 'not available (' + FLASHINFER_ERROR + ')'}",
               f"copy roof: {copy:.0f} GB/s (1 GiB float32 copy_, launched, read + write)",
-              f"bf16, head_dim {D}, {H} q / {KH} kv heads, block {BS}; median of {args.iters} graph replays; "
+              f"bf16 q, {'float8_e4m3fn' if args.fp8 else 'bf16'} KV cache, head_dim {D}, {H} q / {KH} kv heads, block {BS}; median of {args.iters} graph replays; "
               "† = launched, not graph-captured"]
     print("\n".join(header), file=sys.stderr)
     shapes = [(b, c) for b in map(int, args.batches.split(",")) for c in map(int, args.contexts.split(","))]

@@ -832,8 +832,14 @@ def rope_rows(spec: OpSpec) -> Iterator[Row]:
 
 def kv_reference(a):
     store = ref("kv_cache", "ref_store")
-    return {"k_cache": store(a["k"], a["k_cache"], a["slot_mapping"]),
-            "v_cache": store(a["v"], a["v_cache"], a["slot_mapping"])}
+
+    def stored(x, cache, scale):  # into a float8 cache: x / scale, saturated, rounded by torch
+        if cache.dtype == torch.float8_e4m3fn:
+            x = (x.float() / per_head_scale(a.get(scale), cache.shape[2], x.device).float().view(1, -1, 1))
+            x = x.clamp(-448, 448).to(cache.dtype)
+        return store(x, cache, a["slot_mapping"])
+
+    return {"k_cache": stored(a["k"], a["k_cache"], "k_scale"), "v_cache": stored(a["v"], a["v_cache"], "v_scale")}
 
 
 def kv_skipping(token: int):
@@ -930,6 +936,40 @@ def kv_rows(spec: OpSpec) -> Iterator[Row]:
     yield succeeds("empty cache, all slots -1", lambda a: a.update(k_cache=torch.zeros(0, 4, 2, 8), v_cache=torch.zeros(0, 4, 2, 8),
                                                                     slot_mapping=torch.full((3,), -1)))
 
+    # Float8 caches: k, v quantized with their scales (include/mllm_kernel/cache_scale.hpp).
+    f8 = torch.float8_e4m3fn
+
+    def fp8(k_scale=None, v_scale=None, **more):
+        def mutate(a):
+            a.update(k_cache=a["k_cache"].to(f8), v_cache=a["v_cache"].to(f8), **more)
+            if k_scale is not None:
+                a["k_scale"] = k_scale() if callable(k_scale) else k_scale
+            if v_scale is not None:
+                a["v_scale"] = v_scale() if callable(v_scale) else v_scale
+        return mutate
+
+    yield succeeds("float8 caches, no scales", fp8())
+    yield succeeds("float8 caches, float scales", fp8(0.5, 0.01))
+    yield succeeds("float8 caches, per-head and [1] scale tensors", fp8(lambda: torch.tensor([0.5, 0.25]),
+                                                                         lambda: torch.tensor([0.003])))
+    yield succeeds("float8 caches from float16 k, v", fp8(0.5, 2.0, k=randn(3, 2, 8).half(), v=randn(3, 2, 8, seed=1).half()))
+    yield succeeds("float8 caches, k holding inf, -inf and NaN (saturated, NaN kept)",
+                   fp8(k=torch.tensor([math.inf, -math.inf, math.nan, 1e9] * 12).view(3, 2, 8)))
+    yield raises("k_cache float8, v_cache not", lambda a: a.update(k_cache=a["k_cache"].to(f8)), TYPE, "v_cache")
+    yield raises("k_cache and v_cache float8_e5m2", lambda a: a.update(k_cache=a["k_cache"].to(torch.float8_e5m2),
+                                                                       v_cache=a["v_cache"].to(torch.float8_e5m2)),
+                 TYPE, "k_cache")
+    for name in ("k_scale", "v_scale"):
+        yield raises(f"{name} for a cache of k's dtype", setter(**{name: 2.0}), VALUE, name)
+        for label, bad in (("nan", math.nan), ("inf", math.inf), ("0", 0.0), ("-1", -1.0), ("1e39 (inf in float32)", 1e39)):
+            yield raises(f"float8 caches, {name} = {label}", fp8(**{name: bad}), VALUE, name)
+        yield raises(f"float8 caches, {name} of 3 elements (2 kv heads)", fp8(**{name: lambda: torch.ones(3)}), VALUE, name)
+        yield raises(f"float8 caches, {name} float16", fp8(**{name: lambda: torch.ones(2).half()}), TYPE, name)
+        yield raises(f"float8 caches, {name} = [1.0] (a list)", fp8(**{name: [1.0]}), TYPE, name)
+        if on_cuda():
+            yield Row(f"float8 caches, {name} on the CPU", fp8(**{name: lambda: torch.ones(2)}), Raises(VALUE, (name,)),
+                      placement=(CUDA0, {name: "cpu"}))
+
 
 # ----------------------------------------------------------------------------- embedding
 
@@ -1013,10 +1053,28 @@ def _decode_valid(dtype: torch.dtype) -> dict[str, Any]:
             "seq_lens": case.seq_lens, "return_lse": True, "out": torch.zeros(2, 4, 64, dtype=dtype), "check": False}
 
 
+def per_head_scale(scale, num_kv_heads: int, device) -> torch.Tensor:
+    """A float8 cache scale argument (None, a float, a tensor of 1 or num_kv_heads) per kv head."""
+    if scale is None:
+        return torch.ones(num_kv_heads, dtype=torch.float64, device=device)
+    if isinstance(scale, torch.Tensor):
+        return scale.double().to(device).reshape(-1).expand(num_kv_heads)
+    return torch.full((num_kv_heads,), float(scale), dtype=torch.float64, device=device)
+
+
+def dequantized(a: dict[str, Any], cache: str, scale: str) -> Any:
+    """A float8 cache as the float64 values it stands for (times its scale); others as they are."""
+    c = a[cache]
+    if c.dtype != torch.float8_e4m3fn:
+        return c
+    return c.double() * per_head_scale(a.get(scale), c.shape[2], c.device).view(1, 1, -1, 1)
+
+
 def decode_reference(a: dict[str, Any], **override) -> Any:
     """The float64 (out, lse) of these arguments (out alone without return_lse); `override`
-    replaces arguments first (e.g. the seq_lens CUDA clamps to)."""
+    replaces arguments first (e.g. the seq_lens CUDA clamps to). Float8 caches are dequantized."""
     a = {**a, **override}
+    a = {**a, "k_cache": dequantized(a, "k_cache", "k_scale"), "v_cache": dequantized(a, "v_cache", "v_scale")}
     out, lse = ref("decode_attention", "ref_decode_attention")(
         a["q"], a["k_cache"], a["v_cache"], a["block_table"], a["seq_lens"], scale=a.get("scale"),
         sliding_window=a.get("sliding_window", -1), logits_soft_cap=a.get("logits_soft_cap", 0.0))
@@ -1220,6 +1278,44 @@ def decode_rows(spec: OpSpec) -> Iterator[Row]:
         yield raises("num_threads = -1", setter(num_threads=-1), VALUE, "num_threads")
     for threads in (0, 4, 2**40):
         yield succeeds(f"num_threads = {threads}", setter(num_threads=threads))
+
+    # Float8 caches and their scales (include/mllm_kernel/cache_scale.hpp).
+    f8 = torch.float8_e4m3fn
+
+    def fp8(k_scale=None, v_scale=None, **more):
+        def mutate(a):
+            a.update(k_cache=a["k_cache"].to(f8), v_cache=a["v_cache"].to(f8), **more)
+            if k_scale is not None:
+                a["k_scale"] = k_scale() if callable(k_scale) else k_scale
+            if v_scale is not None:
+                a["v_scale"] = v_scale() if callable(v_scale) else v_scale
+        return mutate
+
+    yield succeeds("float8 caches, no scales", fp8())
+    yield succeeds("float8 caches, float scales", fp8(0.5, 2.0))
+    yield succeeds("float8 caches, per-head scale tensors", fp8(lambda: torch.tensor([0.5, 0.25]),
+                                                                 lambda: torch.tensor([2.0, 1.5])))
+    yield succeeds("float8 caches, 0-d and [1] scale tensors", fp8(lambda: torch.tensor(0.5), lambda: torch.tensor([3.0])))
+    yield succeeds("float8 caches, a strided per-head scale", fp8(lambda: torch.tensor([0.5, 9.0, 0.25])[::2]))
+    yield succeeds("float8 caches, split", fp8(0.5, 2.0, num_splits=2))
+    yield raises("k_cache float8, v_cache not", lambda a: a.update(k_cache=a["k_cache"].to(f8)), TYPE, "v_cache")
+    yield raises("v_cache float8, k_cache not", lambda a: a.update(v_cache=a["v_cache"].to(f8)), TYPE, "v_cache")
+    yield raises("k_cache float8_e5m2", lambda a: a.update(k_cache=a["k_cache"].to(torch.float8_e5m2),
+                                                           v_cache=a["v_cache"].to(torch.float8_e5m2)), TYPE, "k_cache")
+    for name in ("k_scale", "v_scale"):
+        yield raises(f"{name} for a cache of q's dtype", setter(**{name: 0.5}), VALUE, name)
+        yield raises(f"{name} tensor for a cache of q's dtype", setter(**{name: torch.ones(2)}), VALUE, name)
+        for label, bad in (("nan", math.nan), ("inf", math.inf), ("0", 0.0), ("-1", -1.0), ("1e39 (inf in float32)", 1e39),
+                           ("1e-46 (0 in float32)", 1e-46)):
+            yield raises(f"float8 caches, {name} = {label}", fp8(**{name: bad}), VALUE, name)
+        yield raises(f"float8 caches, {name} of 3 elements (2 kv heads)", fp8(**{name: lambda: torch.ones(3)}), VALUE, name)
+        yield raises(f"float8 caches, {name} [2, 1]", fp8(**{name: lambda: torch.ones(2, 1)}), VALUE, name)
+        yield raises(f"float8 caches, {name} float64", fp8(**{name: lambda: torch.ones(2, dtype=torch.float64)}), TYPE, name)
+        yield raises(f"float8 caches, {name} = '1'", fp8(**{name: "1"}), TYPE, name)
+        yield raises(f"float8 caches, {name} = True", fp8(**{name: True}), TYPE, name)
+        if on_cuda():
+            yield Row(f"float8 caches, {name} on the CPU", fp8(**{name: lambda: torch.ones(2)}), Raises(VALUE, (name,)),
+                      placement=(CUDA0, {name: "cpu"}))
 
     # Layouts and edge cases that must work.
     def fused_kv(a):  # one [num_blocks, 2, block_size, KH, D] cache: K and V interleaved per block

@@ -28,6 +28,7 @@ import math
 import torch
 
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
+from mllm_kernel.kernels.kv_cache import cache_scale_args
 from mllm_kernel.kernels.op_modules import DeviceModules, as_bool, custom_op, expect_tensor, op_specs
 
 EXPORTS = ("decode_attention", "merge_attention_states")
@@ -113,6 +114,10 @@ def _decode_attention(
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    k_scale_value: float,
+    v_scale_value: float,
     scale: float,
     sliding_window: int,
     logits_soft_cap: float,
@@ -140,16 +145,16 @@ def _decode_attention(
         if partial_out is None:
             partial_out = partial_lse = _no_workspace[device] = torch.empty(0, dtype=torch.float32, device=device)
     _modules[device.type].decode_attention(
-        out, lse, q, k_cache, v_cache, block_table, seq_lens, partial_out, partial_lse,
-        scale, sliding_window, logits_soft_cap, num_splits, num_threads, _errors[device],
+        out, lse, q, k_cache, v_cache, block_table, seq_lens, partial_out, partial_lse, k_scale, v_scale,
+        k_scale_value, v_scale_value, scale, sliding_window, logits_soft_cap, num_splits, num_threads, _errors[device],
     )
     if check:
         _raise_recorded(device)
 
 
 @_decode_attention.register_fake
-def _(out, lse, q, k_cache, v_cache, block_table, seq_lens, scale, sliding_window, logits_soft_cap,
-      num_splits, num_threads, check) -> None:
+def _(out, lse, q, k_cache, v_cache, block_table, seq_lens, k_scale, v_scale, k_scale_value, v_scale_value, scale,
+      sliding_window, logits_soft_cap, num_splits, num_threads, check) -> None:
     return None
 
 
@@ -168,11 +173,16 @@ def decode_attention(
     check: bool = False,
     num_splits: int | None = None,
     num_threads: int = 1,
+    k_scale=None,
+    v_scale=None,
 ):
     """Attention of one new query token per request over its paged KV cache.
 
     q [batch, num_heads, head_dim] (float16/bfloat16 on CUDA, float32 too on the CPU; any batch
-    stride); k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] of q's dtype;
+    stride); k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] of q's dtype, or
+    both float8_e4m3fn (as store_kv_cache writes them; half the bytes to read): a stored value c
+    stands for c * k_scale (c * v_scale), each a float or a float32 tensor of 1 or num_kv_heads
+    elements on q's device (None: 1);
     block_table int32 [batch, max_blocks_per_seq]; seq_lens int32 [batch] (cached tokens, the
     current one included). head_dim 64, 128 or 256; num_heads a multiple of num_kv_heads.
 
@@ -202,7 +212,14 @@ def decode_attention(
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     if scale is None:
         scale = q.shape[-1] ** -0.5 if q.dim() == 3 and q.shape[-1] > 0 else 1.0  # the contract rejects the rest
-    _decode_attention(out, lse, q, k_cache, v_cache, block_table, seq_lens, scale, sliding_window,
+    none = _no_workspace.get(q.device)
+    if k_scale is None and v_scale is None and none is not None:  # the common case: no lookups
+        ks = vs = none
+        ksv = vsv = 1.0
+    else:
+        ks, ksv = cache_scale_args("decode_attention", "k_scale", k_scale, q.device)
+        vs, vsv = cache_scale_args("decode_attention", "v_scale", v_scale, q.device)
+    _decode_attention(out, lse, q, k_cache, v_cache, block_table, seq_lens, ks, vs, ksv, vsv, scale, sliding_window,
                       logits_soft_cap, 0 if num_splits is None else num_splits, num_threads, check)
     return (out, lse) if return_lse else out
 

@@ -18,6 +18,19 @@
 
 #include "decode_attention.hpp"
 
+#ifndef MLLM_KERNEL_DECODE_ATTENTION_TYPES_
+#define MLLM_KERNEL_DECODE_ATTENTION_TYPES_
+namespace mllm_kernel::cpu::decode_attention_detail {
+// The element types of one instantiation as one template argument (HWY_EXPORT_T takes a
+// function name, which cannot contain the comma of two): Q of q and out, KV of the caches.
+template <typename QType, typename KVType>
+struct Types {
+  using Q = QType;
+  using KV = KVType;
+};
+}  // namespace mllm_kernel::cpu::decode_attention_detail
+#endif
+
 #if defined(MLLM_KERNEL_DECODE_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef MLLM_KERNEL_DECODE_ATTENTION_INL_H_
 #undef MLLM_KERNEL_DECODE_ATTENTION_INL_H_
@@ -311,11 +324,17 @@ struct ChunkRows {
   }
 };
 
+// The scale of kv head h (a float8 cache's; 1 otherwise).
+HWY_INLINE float ScaleOf(const host::CacheScale& c, int64_t h) {
+  return c.value * (c.data != nullptr ? c.data[h * c.stride] : 1.0f);
+}
+
 // Work item: kv heads kv0 .. kv0 + kv_count - 1 of request b, i.e. query heads kv0 * G ..
-// (kv0 + kv_count) * G - 1. Indices were validated by the caller (decode_attention.cpp).
-template <typename T>
-HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T* q, const T* k_cache,
-                           const T* v_cache, const int32_t* block_table, const int32_t* seq_lens,
+// (kv0 + kv_count) * G - 1. Indices were validated by the caller (decode_attention.cpp). T: q's
+// and out's element type; KV: the cache's (T, or float8 e4m3fn, dequantized by the scales).
+template <typename T, typename KV>
+HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T* q, const KV* k_cache,
+                           const KV* v_cache, const int32_t* block_table, const int32_t* seq_lens,
                            const mllm_kernel::decode_attention::DecodeArgs& a, int64_t b, int64_t kv0,
                            size_t kv_count, float* HWY_RESTRICT scratch) {
   const DF df;
@@ -343,12 +362,16 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
   float* s = l + heads;          // [G, kChunk] one group's logits, then probabilities
 
   // With a soft cap, fold 1/cap in too: logit = cap * tanh(q' . k) with q' = q * scale / cap.
+  // A float8 cache's k scale folds in the same way (per kv head).
   const float cap = a.soft_cap;
-  const auto vscale = hn::Set(df, cap > 0.0f ? a.scale / cap : a.scale);
   const T* q_rows = q + b * a.q_stride + head0 * a.head_dim;
-  for (size_t i = 0; i < heads * d; i += N) {
-    hn::StoreU(hn::Mul(LoadF32(df, q_rows + i), vscale), df, qf + i);
-    hn::StoreU(hn::Zero(df), df, o + i);
+  for (size_t h = 0; h < heads; ++h) {
+    const float k_scale = ScaleOf(a.k_scale, kv0 + static_cast<int64_t>(h / group));
+    const auto vscale = hn::Set(df, (cap > 0.0f ? a.scale / cap : a.scale) * k_scale);
+    for (size_t i = h * d; i < (h + 1) * d; i += N) {
+      hn::StoreU(hn::Mul(LoadF32(df, q_rows + i), vscale), df, qf + i);
+      hn::StoreU(hn::Zero(df), df, o + i);
+    }
   }
   for (size_t h = 0; h < heads; ++h) {
     m[h] = kNegInf;
@@ -356,25 +379,25 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
   }
 
   // Row pointers of this chunk and of the next one (prefetched while this one computes).
-  const ChunkRows<T> rows{k_cache + kv0 * a.head_dim, v_cache + kv0 * a.head_dim,
+  const ChunkRows<KV> rows{k_cache + kv0 * a.head_dim, v_cache + kv0 * a.head_dim,
                           block_table + b * a.table_stride, a.block_size, a.num_kv_heads * a.head_dim,
                           a.k_block_stride, a.v_block_stride, len};
-  const size_t span_bytes = kv_count * d * sizeof(T);  // the item's part of a token row
+  const size_t span_bytes = kv_count * d * sizeof(KV);  // the item's part of a token row
   // Sized by the whole row, not the item's span: the chunking (hence the rounding) must not
   // depend on how many threads split the kv heads.
-  const size_t chunk = ChunkKeys(static_cast<size_t>(a.num_kv_heads) * d * sizeof(T));
-  const T* kp_buf[2][kChunk];
-  const T* vp_buf[2][kChunk];
+  const size_t chunk = ChunkKeys(static_cast<size_t>(a.num_kv_heads) * d * sizeof(KV));
+  const KV* kp_buf[2][kChunk];
+  const KV* vp_buf[2][kChunk];
   size_t n = rows.Fill(start, chunk, kp_buf[0], vp_buf[0]);
   for (int64_t c0 = start, cur = 0; c0 < len; c0 += static_cast<int64_t>(chunk), cur ^= 1) {
-    const T** kp = kp_buf[cur];
-    const T* const* vp = vp_buf[cur];
+    const KV** kp = kp_buf[cur];
+    const KV* const* vp = vp_buf[cur];
     // Key tiles run past n up to a multiple of kKeyPad: repeat the last key (its logits land
     // past n and are masked below) instead of a scalar tail.
     const size_t n_pad = (n + kKeyPad - 1) / kKeyPad * kKeyPad;
     for (size_t t = n; t < n_pad; ++t) kp[t] = kp[n - 1];
 
-    RowPrefetcher<T> prefetch{kp_buf[cur ^ 1], vp_buf[cur ^ 1]};
+    RowPrefetcher<KV> prefetch{kp_buf[cur ^ 1], vp_buf[cur ^ 1]};
     if (c0 + static_cast<int64_t>(chunk) < len) {
       prefetch.rows = rows.Fill(c0 + static_cast<int64_t>(chunk), chunk, kp_buf[cur ^ 1], vp_buf[cur ^ 1]);
       prefetch.span_bytes = span_bytes;
@@ -412,7 +435,8 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
   for (size_t h = 0; h < heads; ++h) {
     // l >= 1 whenever the max is finite (the max key contributes exp(0)); l = 0 only when every
     // logit was -inf: out 0 then, as for no keys.
-    const auto vinv = hn::Set(df, l[h] == 0.0f ? 0.0f : 1.0f / l[h]);
+    const float v_scale = ScaleOf(a.v_scale, kv0 + static_cast<int64_t>(h / group));
+    const auto vinv = hn::Set(df, l[h] == 0.0f ? 0.0f : v_scale / l[h]);
     const float* oh = o + h * d;
     for (size_t i = 0; i < d; i += N) StoreF32(df, hn::Mul(hn::LoadU(df, oh + i), vinv), out_rows + h * d + i);
     lse_rows[h] = m[h] + std::log(l[h]);
@@ -423,8 +447,9 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
 // takes items (request b, kv heads [kv0, kv0 + kv_per_item)) from the shared counter until none
 // are left; kv_per_item divides num_kv_heads. out [B, H, D] and lse [B, H] contiguous; each item
 // writes its own rows. scratch: ScratchFloats(kv_per_item * G, G, D) floats.
-template <typename T>
-void AttendItems(T* out, float* lse, const T* q, const T* k_cache, const T* v_cache,
+template <class Elems>
+void AttendItems(typename Elems::Q* out, float* lse, const typename Elems::Q* q, const typename Elems::KV* k_cache,
+                 const typename Elems::KV* v_cache,
                  const int32_t* block_table, const int32_t* seq_lens,
                  const mllm_kernel::decode_attention::DecodeArgs& a, int64_t kv_per_item,
                  std::atomic<int64_t>* next, float* scratch) {

@@ -64,13 +64,14 @@ inline void CheckIndices(const DecodeArgs& a, const int32_t* block_table, const 
 inline void decode_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse, tvm::ffi::TensorView q,
                              tvm::ffi::TensorView k_cache, tvm::ffi::TensorView v_cache,
                              tvm::ffi::TensorView block_table, tvm::ffi::TensorView seq_lens,
-                             tvm::ffi::TensorView partial_out, tvm::ffi::TensorView partial_lse, double scale,
-                             int64_t sliding_window, double soft_cap, int64_t num_splits, int64_t num_threads,
-                             tvm::ffi::TensorView error) {
+                             tvm::ffi::TensorView partial_out, tvm::ffi::TensorView partial_lse,
+                             tvm::ffi::TensorView k_scale, tvm::ffi::TensorView v_scale, double k_scale_value,
+                             double v_scale_value, double scale, int64_t sliding_window, double soft_cap,
+                             int64_t num_splits, int64_t num_threads, tvm::ffi::TensorView error) {
   using host::data_ptr;
   const auto a = mllm_kernel::decode_attention::VerifyDecodeAttention<kDLCPU>(
-      out, lse, q, k_cache, v_cache, block_table, seq_lens, partial_out, partial_lse, scale, sliding_window,
-      soft_cap, num_splits, error);
+      out, lse, q, k_cache, v_cache, block_table, seq_lens, partial_out, partial_lse, k_scale, v_scale,
+      k_scale_value, v_scale_value, scale, sliding_window, soft_cap, num_splits, error);
   host::ValueCheck(num_threads >= 0, "decode_attention: num_threads must be >= 0 (0 or 1: the calling thread), got ",
                    num_threads);
   const auto* table = data_ptr<const int32_t>(block_table);
@@ -91,13 +92,15 @@ inline void decode_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse,
       static_cast<size_t>(kv_per_item * a.group()), static_cast<size_t>(a.group()),
       static_cast<size_t>(a.head_dim));
   std::vector<float> scratch(per_worker * static_cast<size_t>(workers));
-  host::DispatchFloat<kDLCPU>(a.dtype, [&]<typename T>() {
-    HWY_EXPORT_T(Table, decode_attention_detail::AttendItems<T>);
+  // The cache holds q's type, or float8 e4m3fn (a.fp8()): one instantiation each.
+  const auto run = [&]<typename T, typename KV>() {
+    using Types = decode_attention_detail::Types<T, KV>;
+    HWY_EXPORT_T(Table, decode_attention_detail::AttendItems<Types>);
     std::atomic<int64_t> next{0};
     // Validation is done, so nothing below throws inside a worker.
     auto work = [&](float* own) {
       HWY_DYNAMIC_DISPATCH_T(Table)(data_ptr<T>(out), data_ptr<float>(lse), data_ptr<const T>(q),
-                                    data_ptr<const T>(k_cache), data_ptr<const T>(v_cache), table, lens, a,
+                                    data_ptr<const KV>(k_cache), data_ptr<const KV>(v_cache), table, lens, a,
                                     kv_per_item, &next, own);
     };
     std::vector<std::thread> pool;
@@ -111,6 +114,13 @@ inline void decode_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse,
     }
     work(scratch.data());
     for (auto& thread : pool) thread.join();
+  };
+  host::DispatchFloat<kDLCPU>(a.dtype, [&]<typename T>() {
+    if (a.fp8()) {
+      run.template operator()<T, float8_e4m3fn_t>();
+    } else {
+      run.template operator()<T, T>();
+    }
   });
 }
 

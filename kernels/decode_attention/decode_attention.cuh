@@ -48,15 +48,21 @@ constexpr int kRows = 16;    // query heads per CTA: the m of the tensor-core pr
 constexpr int kStages = 2;   // tiles a warp holds in shared memory, all in flight while it waits
 constexpr int kChunk = 8;    // 16-bit elements per 16-byte chunk (one cp.async, one ldmatrix row)
 
-// Shared memory of a CTA: q [kRows, D], then each warp's ring of K and V tiles [kTile, D]. The
-// epilogue reuses the rings for the warps' partial states ([kRows, D + 8] floats a warp).
+// Shared memory of a CTA: q [kRows, D], then each warp's region: its ring of K and V tiles
+// [kTile, D] of the cache's type and, for a float8 cache, the K and V tiles of the stage being
+// consumed converted to q's type (the tensor cores' inputs). Both layouts take the same bytes
+// (2 stages of 16-bit tiles = 2 stages of 8-bit tiles + one converted pair). The epilogue reuses
+// the regions for the warps' partial states ([kRows, D + 8] floats a warp).
 template <int D>
-constexpr int kTileBytes = kTile * D * 2;
-template <int D, int kWarps>
-constexpr int kSmemBytes = kRows * D * 2 + kWarps * kStages * 2 * kTileBytes<D>;
+constexpr int kTileBytes = kTile * D * 2;  // a tile of 16-bit values
+template <int D, bool kFp8>
+constexpr int kWarpBytes = kFp8 ? kStages * 2 * kTile * D + 2 * kTileBytes<D> : kStages * 2 * kTileBytes<D>;
+template <int D, int kWarps, bool kFp8>
+constexpr int kSmemBytes = kRows * D * 2 + kWarps * kWarpBytes<D, kFp8>;
 template <int D>
 constexpr int kEpilogueStride = D + 8;  // floats; the pad spreads the rows' float2 stores over banks
-static_assert(kRows * (kEpilogueStride<64> + 2) * 4 <= kStages * 2 * kTileBytes<64>,
+static_assert(kRows * (kEpilogueStride<64> + 2) * 4 <= kWarpBytes<64, false> &&
+                  kRows * (kEpilogueStride<64> + 2) * 4 <= kWarpBytes<64, true>,
               "a warp's epilogue state must fit its ring (head_dim 64 is the tightest)");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -95,13 +101,13 @@ __device__ __forceinline__ float2 state_weights(float m_a, float m_b) {
   return make_float2(exp2f(m_a - m), exp2f(m_b - m));
 }
 
-template <typename T>
+template <typename T, typename KV>
 struct DecodeParams {
   T* out;
   float* lse;
   const T* q;
-  const T* k_cache;
-  const T* v_cache;
+  const KV* k_cache;
+  const KV* v_cache;
   const int32_t* block_table;
   const int32_t* seq_lens;
   float* partial_out;
@@ -114,6 +120,7 @@ struct DecodeParams {
   float q_scale;      // multiplies q . k: scale * log2(e), or scale / cap with a soft cap
   float logit_scale;  // 1, or cap * log2(e) after tanh with a soft cap
   bool soft_cap;
+  host::CacheScale k_scale, v_scale;  // a float8 cache's dequantization (value 1, no tensor, else)
 };
 
 // ---------------------------------------------------------------------------- tensor cores
@@ -169,6 +176,30 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+/*! \brief 16 float8 (e4m3fn) values as 16 values of T (two 16-byte chunks, in order). Exact: every
+ * e4m3 value is a float16 and a bfloat16 value; NaN stays NaN. */
+template <typename T>
+__device__ __forceinline__ void fp8x16_to(uint4 in, uint4& lo, uint4& hi) {
+  const uint32_t words[4] = {in.x, in.y, in.z, in.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * half));
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+      if constexpr (std::is_same_v<T, fp16_t>) {
+        out[2 * w + half] = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+        out[2 * w + half] = pack2<T>(f.x, f.y);
+      }
+    }
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
 // ---------------------------------------------------------------------------- decode
 
 /*!
@@ -179,16 +210,24 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
  * merged in the epilogue. Fragment layouts are the PTX ISA's for mma.m16n8k16: a lane holds
  * rows lane / 4 and lane / 4 + 8, columns 2 (lane % 4) and 2 (lane % 4) + 1 of each 8 columns.
  */
-template <typename T, int D, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(const DecodeParams<T> p) {
+template <typename T, typename KV, int D, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(const DecodeParams<T, KV> p) {
+  constexpr bool kFp8 = sizeof(KV) == 1;
   constexpr int kThreads = kWarps * 32;
-  constexpr int kChunks = D / kChunk;              // 16-byte chunks per row: 8, 16, 32
-  constexpr int kRowsPerPass = 32 / kChunks;       // tile rows a warp copies per instruction
-  constexpr int kPasses = kTile / kRowsPerPass;    // copy instructions per tile (K or V)
+  constexpr int kChunks = D / kChunk;                 // 16-byte chunks per row of T: 8, 16, 32
+  constexpr int kKVChunkElems = 16 / sizeof(KV);      // cache values per 16-byte chunk
+  constexpr int kKVChunks = D / kKVChunkElems;        // 16-byte chunks per cache row
+  constexpr int kRowsPerPass = 32 / kKVChunks;        // tile rows a warp copies per instruction
+  constexpr int kPasses = kTile / kRowsPerPass;       // copy instructions per tile (K or V)
+  constexpr int kRingTile = kTile * kKVChunks;        // chunks of a K or V tile in the ring
   extern __shared__ __align__(128) unsigned char smem[];
   uint4* q_tile = reinterpret_cast<uint4*>(smem);  // [kRows, D], swizzled
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  uint4* ring = q_tile + kRows * kChunks + warp * kStages * 2 * kTile * kChunks;  // this warp's
+  uint4* ring = q_tile + kRows * kChunks + warp * (kWarpBytes<D, kFp8> / 16);  // this warp's region
+  uint4* converted = ring + kStages * 2 * kRingTile;  // float8 only: the consumed K, V tiles as T
+  // Where chunk c of tile row r sits in a ring tile: 16-bit tiles are read by ldmatrix (swizzled,
+  // see swizzle()); float8 tiles row by row by the conversion, which writes swizzled T tiles.
+  const auto ring_slot = [](int r, int c) { return kFp8 ? r * kKVChunks + c : swizzle<D>(r, c); };
 
   const int split = blockIdx.x;
   const int kvh = blockIdx.y / p.head_chunks;
@@ -201,6 +240,12 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
   // seq_len -> block table -> K/V is a chain of dependent loads: at short contexts it is the
   // kernel's run time, so it starts first and q's copy (cp.async) runs beside it.
   int64_t len = p.seq_lens[b];
+  // A float8 cache's scales: k's folds into the logits' factor, v's into the output.
+  const auto scale_of = [kvh](const host::CacheScale& c) {
+    return c.value * (c.data != nullptr ? c.data[kvh * c.stride] : 1.f);
+  };
+  const float q_scale = kFp8 ? p.q_scale * scale_of(p.k_scale) : p.q_scale;
+  const float v_scale = kFp8 ? scale_of(p.v_scale) : 1.f;
   // q rows of this CTA's heads into shared memory (zero-filled past `heads`): the first copy group.
   for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
@@ -226,11 +271,11 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
 
   const int32_t* table = p.block_table + b * p.table_stride;
   const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * D;  // a token's row in a block
-  const int my_chunk = lane % kChunks;
-  const T* k_head = p.k_cache + static_cast<int64_t>(kvh) * D + my_chunk * kChunk;
-  const T* v_head = p.v_cache + static_cast<int64_t>(kvh) * D + my_chunk * kChunk;
+  const int my_chunk = lane % kKVChunks;
+  const KV* k_head = p.k_cache + static_cast<int64_t>(kvh) * D + my_chunk * kKVChunkElems;
+  const KV* v_head = p.v_cache + static_cast<int64_t>(kvh) * D + my_chunk * kKVChunkElems;
   auto key_of = [&](int i, int pass) {  // key index of this lane's row in the warp's i-th tile
-    return first + static_cast<int64_t>(warp + i * kWarps) * kTile + pass * kRowsPerPass + lane / kChunks;
+    return first + static_cast<int64_t>(warp + i * kWarps) * kTile + pass * kRowsPerPass + lane / kKVChunks;
   };
 
   // Block ids of a tile's rows (-1: past `last`), per stage; loaded kStages tiles ahead of the
@@ -252,17 +297,17 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
       cp_async_commit();
       return;
     }
-    uint4* k_tile = ring + stage * 2 * kTile * kChunks;
-    uint4* v_tile = k_tile + kTile * kChunks;
+    uint4* k_tile = ring + stage * 2 * kRingTile;
+    uint4* v_tile = k_tile + kRingTile;
     uint32_t mask = 0;
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-      const int row = pass * kRowsPerPass + lane / kChunks;
+      const int row = pass * kRowsPerPass + lane / kKVChunks;
       const int64_t t = key_of(i, pass);
       const int32_t block = ids[pass];
       const bool valid = block >= 0 && block < p.num_blocks;
-      const T* k_src = p.k_cache;
-      const T* v_src = p.v_cache;
+      const KV* k_src = p.k_cache;
+      const KV* v_src = p.v_cache;
       const uint32_t j = p.block_size.div(static_cast<uint32_t>(t));
       if (valid) {
         const int64_t offset = (t - static_cast<int64_t>(j) * p.block_size.d) * row_elems;
@@ -271,11 +316,11 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
       } else if (block != -1 || t < last) {
         if (my_chunk == 0) device::record_error(p.error, (static_cast<int64_t>(b) << 32) | j, block);
       }
-      cp_async_16(k_tile + swizzle<D>(row, my_chunk), k_src, valid);
-      cp_async_16(v_tile + swizzle<D>(row, my_chunk), v_src, valid);
+      cp_async_16(k_tile + ring_slot(row, my_chunk), k_src, valid);
+      cp_async_16(v_tile + ring_slot(row, my_chunk), v_src, valid);
       const uint32_t ballot = __ballot_sync(device::kFullMask, valid);
 #pragma unroll
-      for (int r = 0; r < kRowsPerPass; ++r) mask |= ((ballot >> (r * kChunks)) & 1u) << (pass * kRowsPerPass + r);
+      for (int r = 0; r < kRowsPerPass; ++r) mask |= ((ballot >> (r * kKVChunks)) & 1u) << (pass * kRowsPerPass + r);
     }
     key_mask[stage] = mask;
     cp_async_commit();
@@ -288,8 +333,22 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
   auto consume = [&](int stage) {
-    const uint4* k_tile = ring + stage * 2 * kTile * kChunks;
-    const uint4* v_tile = k_tile + kTile * kChunks;
+    const uint4* k_tile = ring + stage * 2 * kRingTile;
+    const uint4* v_tile = k_tile + kRingTile;
+    if constexpr (kFp8) {  // the stage's float8 K and V tiles -> T tiles in `converted`
+#pragma unroll
+      for (int i = lane; i < 2 * kRingTile; i += 32) {
+        const int tile = i / kRingTile, r = (i % kRingTile) / kKVChunks, c = i % kKVChunks;
+        uint4 lo, hi;
+        fp8x16_to<T>(k_tile[i], lo, hi);  // k_tile[i] runs on into v_tile for i >= kRingTile
+        uint4* dst = converted + tile * kTile * kChunks;
+        dst[swizzle<D>(r, 2 * c)] = lo;
+        dst[swizzle<D>(r, 2 * c + 1)] = hi;
+      }
+      __syncwarp();  // converted tiles written
+      k_tile = converted;
+      v_tile = converted + kTile * kChunks;
+    }
     // S [16 heads, 16 keys] = q K^T, as two 16x8 products per 16 dims.
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -308,7 +367,7 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        float x = s[n][c] * p.q_scale;
+        float x = s[n][c] * q_scale;
         if (p.soft_cap) x = tanhf(x);
         const int col = n * 8 + (lane % 4) * 2 + (c & 1);
         s[n][c] = (mask >> col) & 1u ? x * p.logit_scale : -INFINITY;
@@ -430,7 +489,7 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
     }
     // No key: 0 and -inf. A NaN (from q or an attended key) stays NaN: fmaxf skipped it in the
     // maxima, but the sums carry it.
-    value = l_all == 0.f ? 0.f : value / l_all;
+    value = l_all == 0.f ? 0.f : value / l_all * v_scale;
     const float lse = l_all == 0.f ? -INFINITY : (m_all + log2f(l_all)) * kLn2;
     const int64_t h = static_cast<int64_t>(b) * p.num_heads + head0 + g;
     if (p.num_splits == 1) {
@@ -554,27 +613,30 @@ void PreferSharedMemory(Kernel kernel, int device) {
   done[device].store(true, std::memory_order_relaxed);
 }
 
-template <typename T, int D, int kWarps>
-void LaunchDecode(DecodeParams<T>& p, DLDevice device, int batch) {
-  auto kernel = DecodeKernel<T, D, kWarps>;
+template <typename T, typename KV, int D, int kWarps>
+void LaunchDecode(DecodeParams<T, KV>& p, DLDevice device, int batch) {
+  constexpr bool kFp8 = sizeof(KV) == 1;
+  auto kernel = DecodeKernel<T, KV, D, kWarps>;
   PreferSharedMemory(kernel, device.device_id);
   p.head_chunks = (p.group + kRows - 1) / kRows;
   const dim3 grid(p.num_splits, p.num_kv_heads * p.head_chunks, batch);
-  host::LaunchKernel(grid, kWarps * 32, device, kSmemBytes<D, kWarps>).enable_pdl(true)(kernel, p);
+  host::LaunchKernel(grid, kWarps * 32, device, kSmemBytes<D, kWarps, kFp8>).enable_pdl(true)(kernel, p);
 }
 
 // The large CTA where the GPU gives a block its shared memory, else the small one.
-template <typename T, int D>
-void LaunchDecodeFitting(DecodeParams<T>& p, DLDevice device, int batch) {
+template <typename T, typename KV, int D>
+void LaunchDecodeFitting(DecodeParams<T, KV>& p, DLDevice device, int batch) {
+  constexpr bool kFp8 = sizeof(KV) == 1;
   const int64_t limit = host::MaxSharedMemoryPerBlock(device.device_id);
-  if (kSmemBytes<D, kWarpsLarge> <= limit) return LaunchDecode<T, D, kWarpsLarge>(p, device, batch);
-  host::ValueCheck(kSmemBytes<D, kWarpsSmall> <= limit, "decode_attention: head_dim ", D, " needs ",
-                   kSmemBytes<D, kWarpsSmall>, " bytes of shared memory per block; cuda:", device.device_id,
+  if (kSmemBytes<D, kWarpsLarge, kFp8> <= limit) return LaunchDecode<T, KV, D, kWarpsLarge>(p, device, batch);
+  host::ValueCheck(kSmemBytes<D, kWarpsSmall, kFp8> <= limit, "decode_attention: head_dim ", D, " needs ",
+                   kSmemBytes<D, kWarpsSmall, kFp8>, " bytes of shared memory per block; cuda:", device.device_id,
                    " offers ", limit);
-  LaunchDecode<T, D, kWarpsSmall>(p, device, batch);
+  LaunchDecode<T, KV, D, kWarpsSmall>(p, device, batch);
 }
 
-template <typename T>
+// T: q's and out's element type; KV: the cache's (T, or __nv_fp8_storage_t for float8 e4m3fn).
+template <typename T, typename KV>
 void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm::ffi::TensorView lse,
             tvm::ffi::TensorView q, tvm::ffi::TensorView k_cache, tvm::ffi::TensorView v_cache,
             tvm::ffi::TensorView block_table, tvm::ffi::TensorView seq_lens, tvm::ffi::TensorView partial_out,
@@ -589,23 +651,23 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
   host::ValueCheck(max_keys < (int64_t{1} << 31),
                    "decode_attention: max_blocks_per_seq * block_size must be < 2^31 on CUDA, got ", max_keys);
   // 16-byte vector loads and cp.async need 16-byte aligned rows.
-  const auto aligned = [](const void* ptr, int64_t stride) {
-    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && stride % device::kVecSize<T> == 0;
+  const auto aligned = [](const void* ptr, int64_t stride, int64_t elem_bytes) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && stride * elem_bytes % 16 == 0;
   };
-  host::ValueCheck(aligned(data_ptr<const T>(q), a.q_stride), "decode_attention: q must be 16-byte aligned ",
+  host::ValueCheck(aligned(data_ptr<const T>(q), a.q_stride, sizeof(T)), "decode_attention: q must be 16-byte aligned ",
                    "(data pointer and batch stride ", a.q_stride, ") on CUDA");
-  host::ValueCheck(aligned(data_ptr<const T>(k_cache), a.k_block_stride),
+  host::ValueCheck(aligned(data_ptr<const KV>(k_cache), a.k_block_stride, sizeof(KV)),
                    "decode_attention: k_cache must be 16-byte aligned (data pointer and block stride ",
                    a.k_block_stride, ") on CUDA");
-  host::ValueCheck(aligned(data_ptr<const T>(v_cache), a.v_block_stride),
+  host::ValueCheck(aligned(data_ptr<const KV>(v_cache), a.v_block_stride, sizeof(KV)),
                    "decode_attention: v_cache must be 16-byte aligned (data pointer and block stride ",
                    a.v_block_stride, ") on CUDA");
-  DecodeParams<T> p{};
+  DecodeParams<T, KV> p{};
   p.out = data_ptr<T>(out);
   p.lse = data_ptr<float>(lse);
   p.q = data_ptr<const T>(q);
-  p.k_cache = data_ptr<const T>(k_cache);
-  p.v_cache = data_ptr<const T>(v_cache);
+  p.k_cache = data_ptr<const KV>(k_cache);
+  p.v_cache = data_ptr<const KV>(v_cache);
   p.block_table = data_ptr<const int32_t>(block_table);
   p.seq_lens = data_ptr<const int32_t>(seq_lens);
   p.partial_out = data_ptr<float>(partial_out);
@@ -627,11 +689,13 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
   p.soft_cap = a.soft_cap > 0.f;
   p.q_scale = p.soft_cap ? a.scale / a.soft_cap : a.scale * kLog2e;
   p.logit_scale = p.soft_cap ? a.soft_cap * kLog2e : 1.f;
+  p.k_scale = a.k_scale;
+  p.v_scale = a.v_scale;
   const int batch = static_cast<int>(a.batch);
   switch (a.head_dim) {
-    case 64: LaunchDecodeFitting<T, 64>(p, a.device, batch); break;
-    case 128: LaunchDecodeFitting<T, 128>(p, a.device, batch); break;
-    default: LaunchDecodeFitting<T, 256>(p, a.device, batch); break;  // the contract allows no other
+    case 64: LaunchDecodeFitting<T, KV, 64>(p, a.device, batch); break;
+    case 128: LaunchDecodeFitting<T, KV, 128>(p, a.device, batch); break;
+    default: LaunchDecodeFitting<T, KV, 256>(p, a.device, batch); break;  // the contract allows no other
   }
   if (a.num_splits > 1) {
     const auto merge = a.head_dim == 64 ? MergeSplitsKernel<T, 64>
@@ -651,20 +715,28 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
 inline void decode_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse, tvm::ffi::TensorView q,
                              tvm::ffi::TensorView k_cache, tvm::ffi::TensorView v_cache,
                              tvm::ffi::TensorView block_table, tvm::ffi::TensorView seq_lens,
-                             tvm::ffi::TensorView partial_out, tvm::ffi::TensorView partial_lse, double scale,
-                             int64_t sliding_window, double soft_cap, int64_t num_splits, int64_t num_threads,
-                             tvm::ffi::TensorView error) {
+                             tvm::ffi::TensorView partial_out, tvm::ffi::TensorView partial_lse,
+                             tvm::ffi::TensorView k_scale, tvm::ffi::TensorView v_scale, double k_scale_value,
+                             double v_scale_value, double scale, int64_t sliding_window, double soft_cap,
+                             int64_t num_splits, int64_t num_threads, tvm::ffi::TensorView error) {
   (void)num_threads;
   const auto a = mllm_kernel::decode_attention::VerifyDecodeAttention<kDLCUDA>(
-      out, lse, q, k_cache, v_cache, block_table, seq_lens, partial_out, partial_lse, scale, sliding_window,
-      soft_cap, num_splits, error);
+      out, lse, q, k_cache, v_cache, block_table, seq_lens, partial_out, partial_lse, k_scale, v_scale,
+      k_scale_value, v_scale_value, scale, sliding_window, soft_cap, num_splits, error);
   if (a.empty()) return;  // a zero-block grid is a launch error
+  const auto run = [&]<typename T>() {
+    if (a.fp8()) {
+      decode_attention_detail::Decode<T, __nv_fp8_storage_t>(a, out, lse, q, k_cache, v_cache, block_table,
+                                                             seq_lens, partial_out, partial_lse, error);
+    } else {
+      decode_attention_detail::Decode<T, T>(a, out, lse, q, k_cache, v_cache, block_table, seq_lens, partial_out,
+                                            partial_lse, error);
+    }
+  };
   if (a.dtype == host::kDType<host::float16_tag>) {
-    decode_attention_detail::Decode<device::fp16_t>(a, out, lse, q, k_cache, v_cache, block_table, seq_lens,
-                                                    partial_out, partial_lse, error);
+    run.template operator()<device::fp16_t>();
   } else {
-    decode_attention_detail::Decode<device::bf16_t>(a, out, lse, q, k_cache, v_cache, block_table, seq_lens,
-                                                    partial_out, partial_lse, error);
+    run.template operator()<device::bf16_t>();
   }
 }
 

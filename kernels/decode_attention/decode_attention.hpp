@@ -8,8 +8,11 @@
  *   out [B, H, D]: contiguous, q's dtype (written);  lse float32 [B, H]: contiguous (written);
  *   q [B, H, D]: any batch stride, heads and dims contiguous; float16/bfloat16 (and float32
  *     on the CPU);
- *   k_cache, v_cache [num_blocks, block_size, KH, D]: q's dtype, any block stride, the rest
- *     contiguous (the layout store_kv_cache writes; K and V may be views of one tensor);
+ *   k_cache, v_cache [num_blocks, block_size, KH, D]: q's dtype or both float8_e4m3fn, any
+ *     block stride, the rest contiguous (the layout store_kv_cache writes; K and V may be views
+ *     of one tensor);
+ *   k_scale, v_scale float32 [KH], [1] or [0] with k_scale_value, v_scale_value: a float8
+ *     cache's dequantization scales (mllm_kernel/cache_scale.hpp);
  *   block_table int32 [B, max_blocks]: any row stride; seq_lens int32 [B] contiguous;
  *   partial_out float32 [P], partial_lse float32 [P / D]: the split-KV workspace, P =
  *     B * H * num_splits * D when num_splits > 1 (written), unused (any size) otherwise;
@@ -24,6 +27,7 @@
 #ifndef MLLM_KERNEL_KERNELS_DECODE_ATTENTION_HPP_
 #define MLLM_KERNEL_KERNELS_DECODE_ATTENTION_HPP_
 
+#include <mllm_kernel/cache_scale.hpp>
 #include <mllm_kernel/dispatch.hpp>
 #include <mllm_kernel/overlap.hpp>
 #include <mllm_kernel/tensor.hpp>
@@ -43,7 +47,8 @@ inline constexpr int64_t kMaxSplits = 128;
 
 /*! \brief A verified decode_attention call; strides in elements. */
 struct DecodeArgs {
-  DLDataType dtype;
+  DLDataType dtype;        // q's and out's
+  DLDataType cache_dtype;  // dtype, or float8_e4m3fn
   DLDevice device;
   int64_t batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, max_blocks;
   int64_t q_stride, k_block_stride, v_block_stride, table_stride;
@@ -51,7 +56,9 @@ struct DecodeArgs {
   float soft_cap;      // > 0: logits = cap * tanh(scale * q . k / cap)
   int64_t window;      // > 0: only the last `window` keys; else all of them
   int64_t num_splits;  // chunks of each request's keys, merged after (1: no workspace)
+  host::CacheScale k_scale, v_scale;  // dequantization of a float8 cache (else 1)
   int64_t group() const { return num_heads / num_kv_heads; }
+  bool fp8() const { return cache_dtype == host::kDType<host::float8_e4m3fn_tag>; }
   bool empty() const { return batch == 0 || num_heads == 0; }
 };
 
@@ -60,15 +67,16 @@ DecodeArgs VerifyDecodeAttention(tvm::ffi::TensorView out, tvm::ffi::TensorView 
                                  tvm::ffi::TensorView q, tvm::ffi::TensorView k_cache,
                                  tvm::ffi::TensorView v_cache, tvm::ffi::TensorView block_table,
                                  tvm::ffi::TensorView seq_lens, tvm::ffi::TensorView partial_out,
-                                 tvm::ffi::TensorView partial_lse, double scale,
-                                 int64_t sliding_window, double soft_cap, int64_t num_splits,
+                                 tvm::ffi::TensorView partial_lse, tvm::ffi::TensorView k_scale,
+                                 tvm::ffi::TensorView v_scale, double k_scale_value, double v_scale_value,
+                                 double scale, int64_t sliding_window, double soft_cap, int64_t num_splits,
                                  tvm::ffi::TensorView error) {
   using namespace mllm_kernel::host;  // NOLINT(*)
   constexpr const char* kOp = "decode_attention";
   SymbolicSize B{"batch"}, H{"num_heads"}, KH{"num_kv_heads"}, D{"head_dim"}, NB{"num_blocks"},
       BS{"block_size"}, MB{"max_blocks_per_seq"}, QS{"q_batch_stride"}, KS{"k_block_stride"},
       VS{"v_block_stride"}, TS{"block_table_row_stride"}, P{"workspace_size"}, PL{"workspace_rows"};
-  SymbolicDType dtype;
+  SymbolicDType dtype, cache_dtype;
   SymbolicDevice device{"device"};
   // float32 attention runs on the CPU only; CUDA kernels are instantiated for 16-bit types.
   if constexpr (kDev == kDLCUDA) {
@@ -88,16 +96,19 @@ DecodeArgs VerifyDecodeAttention(tvm::ffi::TensorView out, tvm::ffi::TensorView 
   }
   TensorMatcher({NB, BS, KH, D})
       .for_op(kOp)
-      .with_dtype(dtype)
+      .with_dtype<float, float16_tag, bfloat16_tag, float8_e4m3fn_tag>(cache_dtype)
       .with_device(device)
       .with_strides({KS, -1, -1, 1})
       .verify(k_cache, "k_cache");
   TensorMatcher({NB, BS, KH, D})
       .for_op(kOp)
-      .with_dtype(dtype)
+      .with_dtype(cache_dtype)
       .with_device(device)
       .with_strides({VS, -1, -1, 1})
       .verify(v_cache, "v_cache");
+  const bool fp8 = cache_dtype.unwrap() == kDType<float8_e4m3fn_tag>;
+  TypeCheck(fp8 || cache_dtype.unwrap() == dtype.unwrap(), kOp, ": k_cache and v_cache must have q's dtype (",
+             DTypeName(dtype.unwrap()), ") or be float8_e4m3fn, got ", DTypeName(cache_dtype.unwrap()));
   TensorMatcher({B, MB}).for_op(kOp).with_dtype<int32_t>().with_device(device).with_strides({TS, 1}).verify(
       block_table, "block_table");
   TensorMatcher({B}).for_op(kOp).with_dtype<int32_t>().with_device(device).verify(seq_lens, "seq_lens");
@@ -134,6 +145,8 @@ DecodeArgs VerifyDecodeAttention(tvm::ffi::TensorView out, tvm::ffi::TensorView 
                                  std::isfinite(f32(scale) / f32(soft_cap))),
              kOp, ": logits_soft_cap must be 0 (off) or a positive normal float32 number with scale / cap finite, got ",
              soft_cap);
+  const CacheScale ks = VerifyCacheScale<kDev>(kOp, "k_scale", k_scale, k_scale_value, device, kh, fp8);
+  const CacheScale vs = VerifyCacheScale<kDev>(kOp, "v_scale", v_scale, v_scale_value, device, kh, fp8);
   ValueCheck(num_splits >= 1 && num_splits <= kMaxSplits, kOp, ": num_splits must be in [1, ", kMaxSplits,
              "], got ", num_splits);
   if (num_splits > 1) {
@@ -144,9 +157,12 @@ DecodeArgs VerifyDecodeAttention(tvm::ffi::TensorView out, tvm::ffi::TensorView 
   }
   CheckNoAliasing(kOp, {{out, "out"}, {lse, "lse"}, {partial_out, "partial_out"}, {partial_lse, "partial_lse"}},
                   {{q, "q"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}, {block_table, "block_table"},
-                   {seq_lens, "seq_lens"}});
+                   {seq_lens, "seq_lens"}, {k_scale, "k_scale"}, {v_scale, "v_scale"}});
   DecodeArgs a{};
   a.dtype = dtype.unwrap();
+  a.cache_dtype = cache_dtype.unwrap();
+  a.k_scale = ks;
+  a.v_scale = vs;
   a.device = device.unwrap();
   a.batch = b;
   a.num_heads = h;

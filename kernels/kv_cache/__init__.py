@@ -3,6 +3,12 @@
 Caches are [num_blocks, block_size, kv_heads, head_dim]; token t goes to the flat slot
 slot_mapping[t] = block * block_size + offset; slot -1 skips the token (padding).
 
+float8 caches: with k_cache / v_cache of dtype float8_e4m3fn, k and v (float32/float16/
+bfloat16) are stored as x / scale, rounded to nearest and saturated to +-448 (NaN stays NaN);
+decode_attention reads them back as c * scale. k_scale / v_scale: a float, or a float32 tensor of
+1 (per tensor) or kv_heads (per head) elements on the cache's device (include/mllm_kernel/
+cache_scale.hpp).
+
 Out-of-range slots (< -1 or >= num_blocks * block_size), never written:
   * CPU: every slot is checked before anything is written; ValueError names the token.
   * CUDA: the token is skipped and the kernel records (token, slot) in a per-device int64 flag
@@ -32,6 +38,24 @@ _errors = DeviceErrorRecord(
 
 pop_kv_cache_error = _errors.pop  # (index, value) of the first bad element recorded on a device, or None
 
+_no_scale: dict[torch.device, torch.Tensor] = {}
+
+
+def cache_scale_args(op: str, name: str, scale, device: torch.device) -> tuple[torch.Tensor, float]:
+    """A float8 cache scale as the kernels take it: (float32 tensor [0], [1] or [kv_heads], float).
+    None is 1; a float goes as the float; a tensor as the tensor (a 0-d one as [1]). The contract
+    (include/mllm_kernel/cache_scale.hpp) checks the rest and names the argument."""
+    none = _no_scale.get(device)
+    if none is None:
+        none = _no_scale[device] = torch.empty(0, dtype=torch.float32, device=device)
+    if scale is None:
+        return none, 1.0
+    if isinstance(scale, torch.Tensor):
+        return (scale.reshape(1) if scale.dim() == 0 else scale), 1.0
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        return none, float(scale)
+    raise TypeError(f"{op}: {name} must be None, a float or a float32 tensor, got {type(scale).__name__}")
+
 
 @custom_op("store_kv_cache", mutates_args=("k_cache", "v_cache"))
 def _store_kv_cache(
@@ -40,16 +64,21 @@ def _store_kv_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    k_scale_value: float,
+    v_scale_value: float,
     check_slots: bool,
 ) -> None:
     device = k.device
-    _modules[device.type].store_kv_cache(k, v, k_cache, v_cache, slot_mapping, _errors[device])
+    _modules[device.type].store_kv_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, k_scale_value,
+                                         v_scale_value, _errors[device])
     if check_slots:
         _errors.raise_recorded(device, num_slots=k_cache.shape[0] * k_cache.shape[1])
 
 
 @_store_kv_cache.register_fake
-def _(k, v, k_cache, v_cache, slot_mapping, check_slots) -> None:
+def _(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, k_scale_value, v_scale_value, check_slots) -> None:
     return None
 
 
@@ -60,14 +89,26 @@ def store_kv_cache(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     check_slots: bool = False,
+    *,
+    k_scale=None,
+    v_scale=None,
 ) -> None:
     """k_cache/v_cache.view(-1, kv_heads, head_dim)[slot_mapping[t]] = k[t]/v[t], in place.
 
     k, v: [tokens, kv_heads, head_dim], any token stride (e.g. slices of a fused qkv tensor),
     heads and head_dim contiguous. k_cache, v_cache: contiguous [num_blocks, block_size,
-    kv_heads, head_dim] of k's dtype (float32/float16/bfloat16). slot_mapping: int64 [tokens],
-    -1 skips a token. check_slots: CUDA only, see the module doc.
+    kv_heads, head_dim] of k's dtype (float32/float16/bfloat16), or float8_e4m3fn: then k / k_scale
+    and v / v_scale are stored (module doc). slot_mapping: int64 [tokens], -1 skips a token.
+    check_slots: CUDA only, see the module doc.
     """
     if type(check_slots) is not bool:  # as_bool only then: a call costs a frame on the hot path
         check_slots = as_bool("store_kv_cache", "check_slots", check_slots)
-    _store_kv_cache(k, v, k_cache, v_cache, slot_mapping, check_slots)
+    if k_scale is None and v_scale is None:  # the common case: no scale tensors to look up
+        none = _no_scale.get(k.device) if isinstance(k, torch.Tensor) else None
+        if none is not None:
+            _store_kv_cache(k, v, k_cache, v_cache, slot_mapping, none, none, 1.0, 1.0, check_slots)
+            return
+    device = k.device if isinstance(k, torch.Tensor) else torch.device("cpu")  # the custom op names a non-tensor k
+    ks, ksv = cache_scale_args("store_kv_cache", "k_scale", k_scale, device)
+    vs, vsv = cache_scale_args("store_kv_cache", "v_scale", v_scale, device)
+    _store_kv_cache(k, v, k_cache, v_cache, slot_mapping, ks, vs, ksv, vsv, check_slots)

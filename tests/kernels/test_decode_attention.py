@@ -768,5 +768,193 @@ def test_cuda_unaligned_rows_rejected(clean_cuda_errors):
         decode_attention(case.q, cache[1:].view(case.k_cache.shape), case.v_cache, case.block_table, case.seq_lens)
 
 
+
+# ----------------------------------------------------------------------------- float8 caches
+
+F8 = torch.float8_e4m3fn
+F8_SCALES = ["none", "float", "tensor1", "per_head"]
+
+
+def fp8_scales(mode: str, num_kv_heads: int, device):
+    """(k_scale, v_scale) arguments of a mode and their per-head values (float64, CPU)."""
+    if mode == "none":
+        return None, None, torch.ones(num_kv_heads, dtype=torch.float64), torch.ones(num_kv_heads, dtype=torch.float64)
+    if mode == "float":
+        return 0.03, 0.4, torch.full((num_kv_heads,), 0.03, dtype=torch.float64), torch.full(
+            (num_kv_heads,), 0.4, dtype=torch.float64)
+    if mode == "tensor1":
+        k, v = torch.tensor(0.02, device=device), torch.tensor([0.7], device=device)
+        return k, v, torch.full((num_kv_heads,), 0.02, dtype=torch.float64), torch.full(
+            (num_kv_heads,), 0.7, dtype=torch.float64)
+    k = torch.rand(num_kv_heads, device=device) * 0.05 + 0.01
+    v = torch.rand(num_kv_heads, device=device) + 0.2
+    return k, v, k.double().cpu(), v.double().cpu()
+
+
+def fp8_case(case: PagedCase, k_per_head, v_per_head):
+    """case's caches quantized to float8 with the scales (K, V ~ N(0, 1) here, so a k scale of
+    ~0.03 spreads them over e4m3's range), and their dequantized float64 values for the reference."""
+    shape = (1, 1, -1, 1)
+    dev = case.k_cache.device
+    k8 = (case.k_cache.float() / k_per_head.float().to(dev).view(shape)).clamp(-448, 448).to(F8)
+    v8 = (case.v_cache.float() / v_per_head.float().to(dev).view(shape)).clamp(-448, 448).to(F8)
+    k64 = k8.double() * k_per_head.to(dev).view(shape)
+    v64 = v8.double() * v_per_head.to(dev).view(shape)
+    return k8, v8, k64, v64
+
+
+def check_fp8(device, dtype, head_dim, config, mode, lens, **kw):
+    num_heads, num_kv_heads, block_size = config
+    seed("fp8", device, dtype, head_dim, config, mode, lens, kw)
+    case = make_paged_case(lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device=device, shared=True)
+    k_scale, v_scale, k_per_head, v_per_head = fp8_scales(mode, num_kv_heads, device)
+    k8, v8, k64, v64 = fp8_case(case, k_per_head, v_per_head)
+    ref_kw = {k: kw[k] for k in ("sliding_window", "logits_soft_cap") if k in kw}
+    want = PagedCase(case.q, k64, v64, case.block_table, case.seq_lens).ref(**ref_kw)
+    out = torch.full(case.q.shape, NAN, dtype=dtype, device=device)
+    got, lse = decode_attention(case.q, k8, v8, case.block_table, case.seq_lens, k_scale=k_scale, v_scale=v_scale,
+                                return_lse=True, out=out, **kw)
+    if device == "cuda":
+        assert pop_decode_attention_error(device) is None
+    assert_attention(got, lse, *want, dtype, f"fp8 {mode}")
+
+
+def check_fp8_every_byte(device, dtype):
+    """One key per request: out is its value row exactly (times v_scale, a power of two), so all
+    256 e4m3 bytes in a head_dim 256 row must come back as torch converts them (NaN as NaN)."""
+    bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    v8 = bits.view(F8).view(1, 1, 1, 256).to(device)
+    k8 = torch.zeros_like(v8)
+    q = torch.randn(1, 2, 256, device=device).to(dtype)
+    table = torch.zeros(1, 1, dtype=torch.int32, device=device)
+    lens = torch.ones(1, dtype=torch.int32, device=device)
+    out = decode_attention(q, k8, v8, table, lens, v_scale=0.5)
+    want = (bits.view(F8).double() * 0.5).to(dtype)
+    got = out.cpu()[0, 0]
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan) and torch.equal(got[~nan], want[~nan])
+
+
+def check_fp8_store_roundtrip(device, dtype):
+    """store_kv_cache quantizes into the float8 cache that decode_attention then reads: the same
+    as decoding the dequantized values the store produced (checked bytewise in test_kv_cache)."""
+    from mllm_kernel.kernels.kv_cache import store_kv_cache
+
+    seed("fp8_roundtrip", device, dtype)
+    num_blocks, block_size, kv_heads, head_dim, heads = 6, 16, 2, 128, 8
+    tokens = 70
+    k = torch.randn(tokens, kv_heads, head_dim, device=device).to(dtype)
+    v = torch.randn(tokens, kv_heads, head_dim, device=device).to(dtype)
+    k_scale = torch.tensor([0.02, 0.05], device=device)
+    k8 = torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=F8, device=device)
+    v8 = torch.zeros_like(k8)
+    table = torch.tensor([[3, 0, 5, 1, 4]], dtype=torch.int32, device=device)
+    slots = (table[0].long().repeat_interleave(block_size) * block_size + torch.arange(block_size, device=device).repeat(5))[:tokens]
+    store_kv_cache(k, v, k8, v8, slots, k_scale=k_scale, v_scale=0.25)
+    lens = torch.tensor([tokens], dtype=torch.int32, device=device)
+    q = torch.randn(1, heads, head_dim, device=device).to(dtype)
+    got, lse = decode_attention(q, k8, v8, table, lens, k_scale=k_scale, v_scale=0.25, return_lse=True)
+    k64 = k8.double() * k_scale.double().view(1, 1, -1, 1)
+    v64 = v8.double() * 0.25
+    want = PagedCase(q, k64, v64, table, lens).ref()
+    assert_attention(got, lse, *want, dtype, "store -> decode")
+    # And the stored values are the inputs within e4m3's half-ulp (2^-4 relative).
+    stored = k64.view(-1, kv_heads, head_dim)[slots].cpu()
+    assert torch.allclose(stored, k.double().cpu(), rtol=2 ** -4, atol=0.02 * 2 ** -9)
+
+
+@pytest.mark.parametrize("mode", F8_SCALES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_fp8_cache(dtype, head_dim, mode):
+    check_fp8("cpu", dtype, head_dim, (8, 2, 16), mode, [300, 0, 1, 17])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_cpu_fp8_window_cap_threads(dtype):
+    check_fp8("cpu", dtype, 128, (16, 4, 7), "per_head", [500, 33], sliding_window=100, logits_soft_cap=20.0)
+    check_fp8("cpu", dtype, 64, (4, 4, 1), "float", [90, 3], num_threads=3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_fp8_every_byte(dtype):
+    check_fp8_every_byte("cpu", dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_fp8_store_roundtrip(dtype):
+    check_fp8_store_roundtrip("cpu", dtype)
+
+
+def test_fp8_scale_arguments():
+    # A scale needs a float8 cache; a float8 cache needs both caches float8; scales are checked.
+    case = make_paged_case([20], 4, 2, 64, 16, torch.float32)
+    k8, v8 = case.k_cache.to(F8), case.v_cache.to(F8)
+    with pytest.raises(ValueError, match="k_scale applies to float8_e4m3fn caches only"):
+        decode_attention(*case.args(), k_scale=0.5)
+    with pytest.raises((ValueError, TypeError), match="v_cache"):
+        decode_attention(case.q, k8, case.v_cache, case.block_table, case.seq_lens)
+    for bad, match in ((float("inf"), "k_scale"), (0.0, "k_scale"), (-1.0, "k_scale"), (1e39, "k_scale"),
+                       (torch.ones(3), "k_scale"), (torch.ones(2, dtype=torch.float64), "k_scale")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            decode_attention(case.q, k8, v8, case.block_table, case.seq_lens, k_scale=bad)
+    with pytest.raises(TypeError, match="v_scale"):
+        decode_attention(case.q, k8, v8, case.block_table, case.seq_lens, v_scale="1")
+
+
+@cuda_only
+@pytest.mark.parametrize("mode", F8_SCALES)
+@pytest.mark.parametrize("config", [(8, 8, 16), (32, 8, 16), (16, 2, 1), (40, 2, 7)],
+                         ids=lambda c: f"H{c[0]}_KH{c[1]}_bs{c[2]}")
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_fp8_cache(dtype, head_dim, config, mode, clean_cuda_errors):
+    lens = ragged_lens(config[2], 2000) + [777]
+    check_fp8("cuda", dtype, head_dim, config, mode, lens)
+    check_fp8("cuda", dtype, head_dim, config, mode, lens, num_splits=1)
+    check_fp8("cuda", dtype, head_dim, config, mode, lens, num_splits=5)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_fp8_window_cap_long(dtype, clean_cuda_errors):
+    check_fp8("cuda", dtype, 128, (16, 4, 16), "per_head", [40000, 33], sliding_window=5000, logits_soft_cap=20.0)
+    check_fp8("cuda", dtype, 256, (8, 1, 16), "float", [33000, 1, 0])
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_fp8_every_byte(dtype, clean_cuda_errors):
+    check_fp8_every_byte("cuda", dtype)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_fp8_store_roundtrip(dtype, clean_cuda_errors):
+    check_fp8_store_roundtrip("cuda", dtype)
+
+
+@cuda_only
+def test_cuda_fp8_graph_reads_scale_tensors(clean_cuda_errors):
+    # Scale tensors are read by the kernel: a captured graph follows their updates.
+    seed("fp8_graph")
+    case = cuda_case([300, 45], 8, 2, 128, 16, torch.bfloat16)
+    k_scale, v_scale = torch.tensor([0.03, 0.05], device="cuda"), torch.tensor([0.5], device="cuda")
+    k8, v8, _, _ = fp8_case(case, k_scale.double().cpu(), v_scale.double().cpu().expand(2))
+    out = torch.empty_like(case.q)
+    decode_attention(case.q, k8, v8, case.block_table, case.seq_lens, k_scale=k_scale, v_scale=v_scale, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attention(case.q, k8, v8, case.block_table, case.seq_lens, k_scale=k_scale, v_scale=v_scale, out=out)
+    for ks, vs in (([0.03, 0.05], 0.5), ([0.01, 0.2], 2.0)):
+        k_scale.copy_(torch.tensor(ks))
+        v_scale.fill_(vs)
+        graph.replay()
+        torch.cuda.synchronize()
+        k64 = k8.double() * torch.tensor(ks, dtype=torch.float64, device="cuda").view(1, 1, -1, 1)
+        want = PagedCase(case.q, k64, v8.double() * vs, case.block_table, case.seq_lens).ref()
+        assert_attention(out, None, *want, torch.bfloat16, f"graph replay with k_scale {ks}")
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-v"]))

@@ -227,5 +227,136 @@ def test_cuda_graph():
         assert torch.equal(kc, ref_k) and torch.equal(vc, ref_v)
 
 
+
+# ----------------------------------------------------------------------------- float8 caches
+
+F8 = torch.float8_e4m3fn
+SPECIALS = [float("inf"), float("-inf"), float("nan"), 1e6, -1e6, 448.0, 460.0, 470.0, -463.9, 2.0 ** -10,
+            3 * 2.0 ** -10, 2.0 ** -6 - 2.0 ** -11, 1.0 + 1 / 16, 1.0 + 3 / 16, -0.0, 0.0, 2.0 ** -20]
+
+
+def quantize_reference(x: torch.Tensor, scale_per_head: torch.Tensor) -> torch.Tensor:
+    """x [T, KH, D] / scale of each kv head, saturated to +-448 (inf too) and rounded by torch:
+    the bytes a float8 cache must hold."""
+    y = x.float().cpu() / scale_per_head.float().view(1, -1, 1)
+    return y.clamp(-448, 448).to(F8).view(torch.uint8)
+
+
+def same_bytes(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal e4m3 bytes, any NaN (0x7F / 0xFF) matching any NaN."""
+    nan_got, nan_want = (got & 0x7F) == 0x7F, (want & 0x7F) == 0x7F
+    return bool(torch.equal(nan_got, nan_want) and torch.equal(got[~nan_got], want[~nan_want]))
+
+
+def run_fp8_case(device, dtype, kv_heads, head_dim, mode, strided=False):
+    seed("fp8", device, dtype, kv_heads, head_dim, mode, strided)
+    tokens, num_blocks, block_size = 45, 9, 7
+    row = kv_heads * head_dim
+    if strided:  # token-strided views of a fused qkv-like tensor
+        qkv = torch.randn(tokens, 3 * row, device=device).to(dtype)
+        k, v = qkv[:, row:2 * row].view(tokens, kv_heads, head_dim), qkv[:, 2 * row:].view(tokens, kv_heads, head_dim)
+    else:
+        k = (torch.randn(tokens, kv_heads, head_dim, device=device) * 30).to(dtype)
+        v = torch.randn(tokens, kv_heads, head_dim, device=device).to(dtype)
+    specials = torch.tensor(SPECIALS)[: head_dim].to(dtype)
+    k[1, 0, : specials.numel()] = specials.to(device)
+    if mode == "none":
+        k_scale = v_scale = None
+        ks = vs = torch.ones(kv_heads)
+    elif mode == "float":
+        k_scale, v_scale = 0.37, 2.5
+        ks, vs = torch.full((kv_heads,), 0.37), torch.full((kv_heads,), 2.5)
+    elif mode == "tensor1":
+        k_scale, v_scale = torch.tensor(0.5, device=device), torch.tensor([3.0], device=device)
+        ks, vs = torch.full((kv_heads,), 0.5), torch.full((kv_heads,), 3.0)
+    else:
+        k_scale = torch.rand(kv_heads, device=device) + 0.1
+        v_scale = torch.rand(kv_heads * 2, device=device)[::2] + 0.1  # a strided per-head tensor
+        ks, vs = k_scale.cpu(), v_scale.cpu()
+    poison = 0x5A
+    k_cache = torch.full((num_blocks, block_size, kv_heads, head_dim), poison, dtype=torch.uint8, device=device).view(F8)
+    v_cache = k_cache.clone()
+    slots = make_slots(tokens, num_blocks * block_size, device)
+    store_kv_cache(k, v, k_cache, v_cache, slots, k_scale=k_scale, v_scale=v_scale)
+    want_k, want_v = quantize_reference(k, ks), quantize_reference(v, vs)
+    got_k = k_cache.view(torch.uint8).view(-1, kv_heads, head_dim).cpu()
+    got_v = v_cache.view(torch.uint8).view(-1, kv_heads, head_dim).cpu()
+    s = slots.cpu()
+    keep = s >= 0
+    assert same_bytes(got_k[s[keep]], want_k[keep]) and same_bytes(got_v[s[keep]], want_v[keep])
+    untouched = torch.ones(num_blocks * block_size, dtype=torch.bool)
+    untouched[s[keep]] = False
+    assert (got_k[untouched] == poison).all() and (got_v[untouched] == poison).all()
+
+
+@pytest.mark.parametrize("mode", ["none", "float", "tensor1", "per_head"])
+@pytest.mark.parametrize("kv_heads, head_dim", [(1, 1), (2, 64), (3, 17), (8, 128)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_fp8(dtype, kv_heads, head_dim, mode):
+    run_fp8_case("cpu", dtype, kv_heads, head_dim, mode)
+    run_fp8_case("cpu", dtype, kv_heads, head_dim, mode, strided=True)
+
+
+def test_cpu_fp8_every_value():
+    # Every float32 that rounds to each e4m3 value, its neighbours and midpoints: the CPU's own
+    # conversion against torch's (RNE) after saturation.
+    base = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(F8).float()
+    base = base[~torch.isnan(base)]
+    ulp = torch.nextafter(base, torch.full_like(base, float("inf"))) - base
+    x = torch.cat([base, base + ulp, base - ulp, (base[1:] + base[:-1]) / 2, torch.randn(4096) * 100])
+    x = x[: x.numel() // 16 * 16].view(-1, 1, 16)
+    cache = torch.zeros(x.shape[0], 1, 1, 16, dtype=F8)
+    slots = torch.arange(x.shape[0])
+    store_kv_cache(x, x, cache, cache.clone(), slots)
+    assert same_bytes(cache.view(torch.uint8).view(-1, 1, 16), quantize_reference(x, torch.ones(1)))
+
+
+def test_cpu_fp8_bad_slot_writes_nothing():
+    k = torch.randn(4, 2, 8)
+    cache = torch.zeros(2, 2, 2, 8, dtype=F8)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        store_kv_cache(k, k, cache, cache.clone(), torch.tensor([0, 1, 99, 2]), k_scale=0.5)
+    assert not cache.view(torch.uint8).any()
+
+
+def test_fp8_scale_arguments():
+    k = torch.randn(3, 2, 8)
+    kc, k8 = torch.zeros(2, 2, 2, 8), torch.zeros(2, 2, 2, 8, dtype=F8)
+    slots = torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match="k_scale applies to float8_e4m3fn caches only"):
+        store_kv_cache(k, k, kc, kc.clone(), slots, k_scale=2.0)
+    with pytest.raises((ValueError, TypeError), match="v_cache"):
+        store_kv_cache(k, k, k8, kc, slots)
+    for bad in (float("nan"), float("inf"), 0.0, -2.0, 1e-46, torch.ones(3), torch.ones(2, dtype=torch.float16)):
+        with pytest.raises((ValueError, TypeError), match="v_scale"):
+            store_kv_cache(k, k, k8, k8.clone(), slots, v_scale=bad)
+    with pytest.raises(TypeError, match="k_scale"):
+        store_kv_cache(k, k, k8, k8.clone(), slots, k_scale=[1.0])
+    assert not k8.view(torch.uint8).any()
+
+
+@cuda_only
+@pytest.mark.parametrize("mode", ["none", "float", "tensor1", "per_head"])
+@pytest.mark.parametrize("kv_heads, head_dim", [(1, 1), (2, 64), (3, 17), (8, 128)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_fp8(dtype, kv_heads, head_dim, mode):
+    run_fp8_case("cuda", dtype, kv_heads, head_dim, mode)
+    run_fp8_case("cuda", dtype, kv_heads, head_dim, mode, strided=True)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_fp8_matches_cpu(dtype):
+    seed("fp8 cpu/cuda", dtype)
+    k = (torch.randn(300, 4, 64) * 50).to(dtype)
+    caches = []
+    for device in ("cpu", "cuda"):
+        kc = torch.zeros(40, 8, 4, 64, dtype=F8, device=device)
+        store_kv_cache(k.to(device), k.to(device), kc, kc.clone(), torch.arange(300, device=device),
+                       k_scale=torch.tensor([0.1, 0.2, 0.3, 0.4], device=device))
+        caches.append(kc.view(torch.uint8).cpu())
+    assert same_bytes(caches[1], caches[0])
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-v"]))

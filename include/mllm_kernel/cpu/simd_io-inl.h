@@ -1,8 +1,8 @@
 /*!
  * \file include/mllm_kernel/cpu/simd_io-inl.h
- * \brief Highway per-target helpers: load float / float16 / bfloat16 memory as float32 vectors
- * (PromoteToF32: inf and NaN kept on every target) and store float32 vectors back (CPU kernels
- * compute in float32).
+ * \brief Highway per-target helpers: load float / float16 / bfloat16 / float8 e4m3fn memory as
+ * float32 vectors (PromoteToF32: inf and NaN kept on every target) and store float32 vectors
+ * back to float / float16 / bfloat16 (CPU kernels compute in float32).
  *
  * Include it from a kernel's -inl.h (re-included once per SIMD target by foreach_target.h),
  * hence the toggling guard instead of #pragma once.
@@ -15,6 +15,7 @@
 #endif
 
 #include <hwy/highway.h>
+#include <mllm_kernel/cpu/float8.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -46,11 +47,28 @@ HWY_INLINE hn::VFromD<DF> PromoteToF32(DF df, V16 v) {
   return promoted;
 }
 
+// e4m3fn bytes (promoted to u32 lanes) as float32, exactly: normal numbers by moving exponent
+// and mantissa into place (+120 rebiases 7 to 127), subnormals (exponent 0) as m * 2^-9 (no
+// float denormals, which a flush-to-zero mode would lose), 0x7F/0xFF as NaN.
+template <class DF, class VU>
+HWY_INLINE hn::VFromD<DF> E4M3ToF32(DF df, VU bits) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto em = hn::And(bits, hn::Set(du, 0x7Fu));
+  const auto normal = hn::BitCast(df, hn::Add(hn::ShiftLeft<20>(em), hn::Set(du, 120u << 23)));
+  const auto subnormal = hn::Mul(hn::ConvertTo(df, hn::BitCast(hn::RebindToSigned<DF>(), em)), hn::Set(df, 0.001953125f));
+  auto value = hn::IfThenElse(hn::RebindMask(df, hn::Lt(em, hn::Set(du, 8u))), subnormal, normal);
+  value = hn::IfThenElse(hn::RebindMask(df, hn::Eq(em, hn::Set(du, 0x7Fu))), hn::NaN(df), value);
+  return hn::Or(value, hn::BitCast(df, hn::ShiftLeft<24>(hn::And(bits, hn::Set(du, 0x80u)))));
+}
+
 // One full vector (unaligned) of T at p, as float32.
 template <class DF, typename T>
 HWY_INLINE hn::VFromD<DF> LoadF32(DF df, const T* HWY_RESTRICT p) {
   if constexpr (hwy::IsSame<T, float>()) {
     return hn::LoadU(df, p);
+  } else if constexpr (hwy::IsSame<T, float8_e4m3fn_t>()) {
+    const hn::Rebind<uint8_t, DF> d8;
+    return E4M3ToF32(df, hn::PromoteTo(hn::RebindToUnsigned<DF>(), hn::LoadU(d8, reinterpret_cast<const uint8_t*>(p))));
   } else {
     return PromoteToF32(df, hn::LoadU(hn::Rebind<T, DF>(), p));
   }
@@ -61,6 +79,9 @@ template <class DF, typename T>
 HWY_INLINE hn::VFromD<DF> LoadF32N(DF df, const T* HWY_RESTRICT p, size_t n) {
   if constexpr (hwy::IsSame<T, float>()) {
     return hn::LoadN(df, p, n);
+  } else if constexpr (hwy::IsSame<T, float8_e4m3fn_t>()) {
+    const hn::Rebind<uint8_t, DF> d8;
+    return E4M3ToF32(df, hn::PromoteTo(hn::RebindToUnsigned<DF>(), hn::LoadN(d8, reinterpret_cast<const uint8_t*>(p), n)));
   } else {
     return PromoteToF32(df, hn::LoadN(hn::Rebind<T, DF>(), p, n));
   }
