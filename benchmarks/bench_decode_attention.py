@@ -161,10 +161,14 @@ def flashinfer_runs(k_cache, v_cache, sets, context, args):
 def gathered(k_cache, v_cache, table, context):
     """K, V [B, KH, context, D] of a block table, contiguous."""
     b, pages = table.shape
-    k = k_cache[table.long()].view(b, pages * BS, KH, D)[:, :context].transpose(1, 2).contiguous()
-    v = v_cache[table.long()].view(b, pages * BS, KH, D)[:, :context].transpose(1, 2).contiguous()
-    if k_cache.dtype == FP8:
-        k, v = (k.to(DTYPE) * K_SCALE).contiguous(), (v.to(DTYPE) * V_SCALE).contiguous()
+
+    def rows(cache, scale):
+        if cache.dtype == FP8:  # gathered as bytes (float8 has few index kernels), then dequantized
+            return (cache.view(torch.uint8)[table.long()].view(FP8).to(DTYPE) * scale).view(b, pages * BS, KH, D)
+        return cache[table.long()].view(b, pages * BS, KH, D)
+
+    k = rows(k_cache, K_SCALE)[:, :context].transpose(1, 2).contiguous()
+    v = rows(v_cache, V_SCALE)[:, :context].transpose(1, 2).contiguous()
     return k, v
 
 
@@ -177,9 +181,12 @@ def bench_row(batch: int, context: int, args, l2_bytes: int, copy: float) -> dic
             for (q, t, n), o in zip(sets, outs)]
     q0, t0, n0 = sets[0]
     r = min(batch, REF_ROWS)
-    if args.fp8:  # the stored values times the scales: k's scales the logits, v's the output
-        want, _ = ref_decode_attention(q0[:r], k_cache, v_cache, t0[:r], n0[:r], scale=D ** -0.5 * K_SCALE)
-        want = want * V_SCALE
+    if args.fp8:  # the first requests' blocks, dequantized (gathered as bytes: float8 has few index kernels)
+        def blocks64(cache, scale):
+            return cache.view(torch.uint8)[t0[:r].long()].view(FP8).double().flatten(0, 1) * scale
+
+        table = torch.arange(r * t0.shape[1], dtype=torch.int32, device="cuda").view(r, -1)
+        want, _ = ref_decode_attention(q0[:r], blocks64(k_cache, K_SCALE), blocks64(v_cache, V_SCALE), table, n0[:r])
     else:
         want, _ = ref_decode_attention(q0[:r], k_cache, v_cache, t0[:r], n0[:r])
 

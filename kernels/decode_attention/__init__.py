@@ -28,7 +28,7 @@ import math
 import torch
 
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
-from mllm_kernel.kernels.kv_cache import cache_scale_args
+from mllm_kernel.kernels.cache_scale import cache_scale_args, no_scale
 from mllm_kernel.kernels.op_modules import DeviceModules, as_bool, custom_op, expect_tensor, op_specs
 
 EXPORTS = ("decode_attention", "merge_attention_states")
@@ -212,7 +212,7 @@ def decode_attention(
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     if scale is None:
         scale = q.shape[-1] ** -0.5 if q.dim() == 3 and q.shape[-1] > 0 else 1.0  # the contract rejects the rest
-    none = _no_workspace.get(q.device)
+    none = no_scale.get(q.device)
     if k_scale is None and v_scale is None and none is not None:  # the common case: no lookups
         ks = vs = none
         ksv = vsv = 1.0

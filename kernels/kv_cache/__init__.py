@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from mllm_kernel.kernels.cache_scale import cache_scale_args, no_scale
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 from mllm_kernel.kernels.op_modules import DeviceModules, as_bool, custom_op, op_specs
 
@@ -37,25 +38,6 @@ _errors = DeviceErrorRecord(
 )
 
 pop_kv_cache_error = _errors.pop  # (index, value) of the first bad element recorded on a device, or None
-
-_no_scale: dict[torch.device, torch.Tensor] = {}
-
-
-def cache_scale_args(op: str, name: str, scale, device: torch.device) -> tuple[torch.Tensor, float]:
-    """A float8 cache scale as the kernels take it: (float32 tensor [0], [1] or [kv_heads], float).
-    None is 1; a float goes as the float; a tensor as the tensor (a 0-d one as [1]). The contract
-    (include/mllm_kernel/cache_scale.hpp) checks the rest and names the argument."""
-    none = _no_scale.get(device)
-    if none is None:
-        none = _no_scale[device] = torch.empty(0, dtype=torch.float32, device=device)
-    if scale is None:
-        return none, 1.0
-    if isinstance(scale, torch.Tensor):
-        return (scale.reshape(1) if scale.dim() == 0 else scale), 1.0
-    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
-        return none, float(scale)
-    raise TypeError(f"{op}: {name} must be None, a float or a float32 tensor, got {type(scale).__name__}")
-
 
 @custom_op("store_kv_cache", mutates_args=("k_cache", "v_cache"))
 def _store_kv_cache(
@@ -104,7 +86,7 @@ def store_kv_cache(
     if type(check_slots) is not bool:  # as_bool only then: a call costs a frame on the hot path
         check_slots = as_bool("store_kv_cache", "check_slots", check_slots)
     if k_scale is None and v_scale is None:  # the common case: no scale tensors to look up
-        none = _no_scale.get(k.device) if isinstance(k, torch.Tensor) else None
+        none = no_scale.get(k.device) if isinstance(k, torch.Tensor) else None
         if none is not None:
             _store_kv_cache(k, v, k_cache, v_cache, slot_mapping, none, none, 1.0, 1.0, check_slots)
             return
