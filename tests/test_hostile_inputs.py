@@ -830,6 +830,20 @@ def rope_rows(spec: OpSpec) -> Iterator[Row]:
 # ----------------------------------------------------------------------------- store_kv_cache
 
 
+def fp8_caches(k_scale=None, v_scale=None, **more) -> Callable[[dict[str, Any]], None]:
+    """Mutation: k_cache and v_cache as float8 e4m3fn, with these scales (a value, or a callable
+    that makes a fresh tensor) and other argument updates."""
+
+    def mutate(a):
+        a.update(k_cache=a["k_cache"].to(torch.float8_e4m3fn), v_cache=a["v_cache"].to(torch.float8_e4m3fn), **more)
+        if k_scale is not None:
+            a["k_scale"] = k_scale() if callable(k_scale) else k_scale
+        if v_scale is not None:
+            a["v_scale"] = v_scale() if callable(v_scale) else v_scale
+
+    return mutate
+
+
 def kv_reference(a):
     store = ref("kv_cache", "ref_store")
 
@@ -939,22 +953,14 @@ def kv_rows(spec: OpSpec) -> Iterator[Row]:
     # Float8 caches: k, v quantized with their scales (include/mllm_kernel/cache_scale.hpp).
     f8 = torch.float8_e4m3fn
 
-    def fp8(k_scale=None, v_scale=None, **more):
-        def mutate(a):
-            a.update(k_cache=a["k_cache"].to(f8), v_cache=a["v_cache"].to(f8), **more)
-            if k_scale is not None:
-                a["k_scale"] = k_scale() if callable(k_scale) else k_scale
-            if v_scale is not None:
-                a["v_scale"] = v_scale() if callable(v_scale) else v_scale
-        return mutate
 
-    yield succeeds("float8 caches, no scales", fp8())
-    yield succeeds("float8 caches, float scales", fp8(0.5, 0.01))
-    yield succeeds("float8 caches, per-head and [1] scale tensors", fp8(lambda: torch.tensor([0.5, 0.25]),
+    yield succeeds("float8 caches, no scales", fp8_caches())
+    yield succeeds("float8 caches, float scales", fp8_caches(0.5, 0.01))
+    yield succeeds("float8 caches, per-head and [1] scale tensors", fp8_caches(lambda: torch.tensor([0.5, 0.25]),
                                                                          lambda: torch.tensor([0.003])))
-    yield succeeds("float8 caches from float16 k, v", fp8(0.5, 2.0, k=randn(3, 2, 8).half(), v=randn(3, 2, 8, seed=1).half()))
+    yield succeeds("float8 caches from float16 k, v", fp8_caches(0.5, 2.0, k=randn(3, 2, 8).half(), v=randn(3, 2, 8, seed=1).half()))
     yield succeeds("float8 caches, k holding inf, -inf and NaN (saturated, NaN kept)",
-                   fp8(k=torch.tensor([math.inf, -math.inf, math.nan, 1e9] * 12).view(3, 2, 8)))
+                   fp8_caches(k=torch.tensor([math.inf, -math.inf, math.nan, 1e9] * 12).view(3, 2, 8)))
     yield raises("k_cache float8, v_cache not", lambda a: a.update(k_cache=a["k_cache"].to(f8)), TYPE, "v_cache")
     yield raises("k_cache and v_cache float8_e5m2", lambda a: a.update(k_cache=a["k_cache"].to(torch.float8_e5m2),
                                                                        v_cache=a["v_cache"].to(torch.float8_e5m2)),
@@ -962,12 +968,12 @@ def kv_rows(spec: OpSpec) -> Iterator[Row]:
     for name in ("k_scale", "v_scale"):
         yield raises(f"{name} for a cache of k's dtype", setter(**{name: 2.0}), VALUE, name)
         for label, bad in (("nan", math.nan), ("inf", math.inf), ("0", 0.0), ("-1", -1.0), ("1e39 (inf in float32)", 1e39)):
-            yield raises(f"float8 caches, {name} = {label}", fp8(**{name: bad}), VALUE, name)
-        yield raises(f"float8 caches, {name} of 3 elements (2 kv heads)", fp8(**{name: lambda: torch.ones(3)}), VALUE, name)
-        yield raises(f"float8 caches, {name} float16", fp8(**{name: lambda: torch.ones(2).half()}), TYPE, name)
-        yield raises(f"float8 caches, {name} = [1.0] (a list)", fp8(**{name: [1.0]}), TYPE, name)
+            yield raises(f"float8 caches, {name} = {label}", fp8_caches(**{name: bad}), VALUE, name)
+        yield raises(f"float8 caches, {name} of 3 elements (2 kv heads)", fp8_caches(**{name: lambda: torch.ones(3)}), VALUE, name)
+        yield raises(f"float8 caches, {name} float16", fp8_caches(**{name: lambda: torch.ones(2).half()}), TYPE, name)
+        yield raises(f"float8 caches, {name} = [1.0] (a list)", fp8_caches(**{name: [1.0]}), TYPE, name)
         if on_cuda():
-            yield Row(f"float8 caches, {name} on the CPU", fp8(**{name: lambda: torch.ones(2)}), Raises(VALUE, (name,)),
+            yield Row(f"float8 caches, {name} on the CPU", fp8_caches(**{name: lambda: torch.ones(2)}), Raises(VALUE, (name,)),
                       placement=(CUDA0, {name: "cpu"}))
 
 
@@ -1282,22 +1288,14 @@ def decode_rows(spec: OpSpec) -> Iterator[Row]:
     # Float8 caches and their scales (include/mllm_kernel/cache_scale.hpp).
     f8 = torch.float8_e4m3fn
 
-    def fp8(k_scale=None, v_scale=None, **more):
-        def mutate(a):
-            a.update(k_cache=a["k_cache"].to(f8), v_cache=a["v_cache"].to(f8), **more)
-            if k_scale is not None:
-                a["k_scale"] = k_scale() if callable(k_scale) else k_scale
-            if v_scale is not None:
-                a["v_scale"] = v_scale() if callable(v_scale) else v_scale
-        return mutate
 
-    yield succeeds("float8 caches, no scales", fp8())
-    yield succeeds("float8 caches, float scales", fp8(0.5, 2.0))
-    yield succeeds("float8 caches, per-head scale tensors", fp8(lambda: torch.tensor([0.5, 0.25]),
+    yield succeeds("float8 caches, no scales", fp8_caches())
+    yield succeeds("float8 caches, float scales", fp8_caches(0.5, 2.0))
+    yield succeeds("float8 caches, per-head scale tensors", fp8_caches(lambda: torch.tensor([0.5, 0.25]),
                                                                  lambda: torch.tensor([2.0, 1.5])))
-    yield succeeds("float8 caches, 0-d and [1] scale tensors", fp8(lambda: torch.tensor(0.5), lambda: torch.tensor([3.0])))
-    yield succeeds("float8 caches, a strided per-head scale", fp8(lambda: torch.tensor([0.5, 9.0, 0.25])[::2]))
-    yield succeeds("float8 caches, split", fp8(0.5, 2.0, num_splits=2))
+    yield succeeds("float8 caches, 0-d and [1] scale tensors", fp8_caches(lambda: torch.tensor(0.5), lambda: torch.tensor([3.0])))
+    yield succeeds("float8 caches, a strided per-head scale", fp8_caches(lambda: torch.tensor([0.5, 9.0, 0.25])[::2]))
+    yield succeeds("float8 caches, split", fp8_caches(0.5, 2.0, num_splits=2))
     yield raises("k_cache float8, v_cache not", lambda a: a.update(k_cache=a["k_cache"].to(f8)), TYPE, "v_cache")
     yield raises("v_cache float8, k_cache not", lambda a: a.update(v_cache=a["v_cache"].to(f8)), TYPE, "v_cache")
     yield raises("k_cache float8_e5m2", lambda a: a.update(k_cache=a["k_cache"].to(torch.float8_e5m2),
@@ -1307,14 +1305,14 @@ def decode_rows(spec: OpSpec) -> Iterator[Row]:
         yield raises(f"{name} tensor for a cache of q's dtype", setter(**{name: torch.ones(2)}), VALUE, name)
         for label, bad in (("nan", math.nan), ("inf", math.inf), ("0", 0.0), ("-1", -1.0), ("1e39 (inf in float32)", 1e39),
                            ("1e-46 (0 in float32)", 1e-46)):
-            yield raises(f"float8 caches, {name} = {label}", fp8(**{name: bad}), VALUE, name)
-        yield raises(f"float8 caches, {name} of 3 elements (2 kv heads)", fp8(**{name: lambda: torch.ones(3)}), VALUE, name)
-        yield raises(f"float8 caches, {name} [2, 1]", fp8(**{name: lambda: torch.ones(2, 1)}), VALUE, name)
-        yield raises(f"float8 caches, {name} float64", fp8(**{name: lambda: torch.ones(2, dtype=torch.float64)}), TYPE, name)
-        yield raises(f"float8 caches, {name} = '1'", fp8(**{name: "1"}), TYPE, name)
-        yield raises(f"float8 caches, {name} = True", fp8(**{name: True}), TYPE, name)
+            yield raises(f"float8 caches, {name} = {label}", fp8_caches(**{name: bad}), VALUE, name)
+        yield raises(f"float8 caches, {name} of 3 elements (2 kv heads)", fp8_caches(**{name: lambda: torch.ones(3)}), VALUE, name)
+        yield raises(f"float8 caches, {name} [2, 1]", fp8_caches(**{name: lambda: torch.ones(2, 1)}), VALUE, name)
+        yield raises(f"float8 caches, {name} float64", fp8_caches(**{name: lambda: torch.ones(2, dtype=torch.float64)}), TYPE, name)
+        yield raises(f"float8 caches, {name} = '1'", fp8_caches(**{name: "1"}), TYPE, name)
+        yield raises(f"float8 caches, {name} = True", fp8_caches(**{name: True}), TYPE, name)
         if on_cuda():
-            yield Row(f"float8 caches, {name} on the CPU", fp8(**{name: lambda: torch.ones(2)}), Raises(VALUE, (name,)),
+            yield Row(f"float8 caches, {name} on the CPU", fp8_caches(**{name: lambda: torch.ones(2)}), Raises(VALUE, (name,)),
                       placement=(CUDA0, {name: "cpu"}))
 
     # Layouts and edge cases that must work.

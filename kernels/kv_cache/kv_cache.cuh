@@ -28,6 +28,18 @@ namespace mllm_kernel::gpu {
 
 namespace kv_cache_detail {
 
+// The slot of token t, or -1 to skip the token: padding (-1), or out of range (recorded in
+// `error`, never written).
+__device__ __forceinline__ int64_t slot_of(const int64_t* __restrict__ slots, int64_t t, int64_t num_slots,
+                                           int64_t* error) {
+  const int64_t slot = slots[t];
+  if (slot < -1 || slot >= num_slots) {
+    if (threadIdx.x == 0) device::record_error(error, t, slot);
+    return -1;
+  }
+  return slot;
+}
+
 // Copies each token's k and v rows in units U (mllm_kernel/row_copy.cuh). Strides and row
 // sizes are in units of U. Grid-stride over tokens; 64-bit index math throughout.
 template <typename U>
@@ -39,12 +51,8 @@ __global__ void StoreKVCacheKernel(const U* __restrict__ k, const U* __restrict_
   device::pdl_wait_primary();  // k, v, slot_mapping may come from the previous kernel
   const int64_t token_step = device::copy_row_step();
   for (int64_t t = device::first_copy_row(); t < num_tokens; t += token_step) {
-    const int64_t slot = slots[t];
-    if (slot == -1) continue;  // padding token
-    if (slot < -1 || slot >= num_slots) {
-      if (threadIdx.x == 0) device::record_error(error, t, slot);
-      continue;
-    }
+    const int64_t slot = slot_of(slots, t, num_slots, error);
+    if (slot < 0) continue;
     const U* k_row = k + t * k_stride;
     const U* v_row = v + t * v_stride;
     U* kc_row = k_cache + slot * row_units;
@@ -71,12 +79,8 @@ __global__ void StoreKVCacheFp8Kernel(const T* __restrict__ k, const T* __restri
   };
   const int64_t token_step = device::copy_row_step();
   for (int64_t t = device::first_copy_row(); t < num_tokens; t += token_step) {
-    const int64_t slot = slots[t];
-    if (slot == -1) continue;  // padding token
-    if (slot < -1 || slot >= num_slots) {
-      if (threadIdx.x == 0) device::record_error(error, t, slot);
-      continue;
-    }
+    const int64_t slot = slot_of(slots, t, num_slots, error);
+    if (slot < 0) continue;
     for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) {
       const int64_t h = i / head_dim;
       const float ks = k_scale.value * (k_scale.data ? k_scale.data[h * k_scale.stride] : 1.f);
