@@ -69,7 +69,8 @@ def run_all():
 
 def decode_attention_calls():
     # Every head_dim, block sizes 1/7/16/64, ragged lengths (0, bs - 1, bs + 1, long), windows,
-    # soft cap, split and unsplit, and a bad block id and seq_len (masked / clamped, never read).
+    # soft cap, split and unsplit, float8 caches, and a bad block id and seq_len (masked /
+    # clamped, never read).
     from mllm_kernel.kernels.decode_attention import pop_decode_attention_error
 
     gen = torch.Generator().manual_seed(0)
@@ -91,10 +92,23 @@ def decode_attention_calls():
             mk.decode_attention(q, k_cache, v_cache, table, seq_lens, num_splits=splits, sliding_window=50,
                                 logits_soft_cap=20.0)
             mk.decode_attention(q, k_cache, v_cache, table, seq_lens, num_splits=splits)
+            # float8 caches, written by store_kv_cache: a float scale, a per-head tensor, a 0-d one.
+            k8 = torch.zeros(k_cache.shape, device="cuda", dtype=torch.float8_e4m3fn)
+            v8 = torch.zeros_like(k8)
+            rows = k_cache.view(-1, kv_heads, head_dim)
+            slots = torch.arange(rows.shape[0], device="cuda")
+            slots[::5] = -1
+            mk.store_kv_cache(rows, rows, k8, v8, slots, k_scale=0.05,
+                              v_scale=torch.rand(kv_heads, device="cuda") + 0.5)
+            mk.decode_attention(q, k8, v8, table, seq_lens, num_splits=splits, k_scale=torch.tensor(0.05, device="cuda"),
+                                v_scale=0.7)
             table[0, 0], seq_lens[-1] = 10**6, 10**6
             mk.decode_attention(q, k_cache, v_cache, table, seq_lens, num_splits=splits)
             if pop_decode_attention_error() is None:
                 raise RuntimeError("decode_attention: the bad block id / seq_len was not recorded")
+            mk.decode_attention(q, k8, v8, table, seq_lens, num_splits=splits)
+            if pop_decode_attention_error() is None:
+                raise RuntimeError("decode_attention (float8): the bad block id / seq_len was not recorded")
         v = torch.randn(3, 4, 64, device="cuda", dtype=dtype)
         lse = torch.randn(3, 4, device="cuda")
         mk.merge_attention_states(v, lse, v, lse)
