@@ -39,6 +39,7 @@ _errors = DeviceErrorRecord(
 
 pop_kv_cache_error = _errors.pop  # (index, value) of the first bad element recorded on a device, or None
 
+
 @custom_op("store_kv_cache", mutates_args=("k_cache", "v_cache"))
 def _store_kv_cache(
     k: torch.Tensor,

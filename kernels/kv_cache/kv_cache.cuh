@@ -70,8 +70,8 @@ __global__ void StoreKVCacheKernel(const U* __restrict__ k, const U* __restrict_
 template <typename T>
 __global__ void StoreKVCacheFp8Kernel(const T* __restrict__ k, const T* __restrict__ v,
                                       __nv_fp8_storage_t* __restrict__ k_cache, __nv_fp8_storage_t* __restrict__ v_cache,
-                                      const int64_t* __restrict__ slots, int64_t num_tokens, int64_t row_elems,
-                                      int64_t head_dim, int64_t k_stride, int64_t v_stride, int64_t num_slots,
+                                      const int64_t* __restrict__ slots, int64_t num_tokens, int row_elems,
+                                      int head_dim, int64_t k_stride, int64_t v_stride, int64_t num_slots,
                                       host::CacheScale k_scale, host::CacheScale v_scale, int64_t* error) {
   device::pdl_wait_primary();
   const auto quantize = [](float x, float s) {  // x / s exactly as the CPU divides
@@ -81,8 +81,8 @@ __global__ void StoreKVCacheFp8Kernel(const T* __restrict__ k, const T* __restri
   for (int64_t t = device::first_copy_row(); t < num_tokens; t += token_step) {
     const int64_t slot = slot_of(slots, t, num_slots, error);
     if (slot < 0) continue;
-    for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) {
-      const int64_t h = i / head_dim;
+    for (int i = threadIdx.x; i < row_elems; i += blockDim.x) {  // a row (kv_heads * head_dim) fits an int
+      const int h = i / head_dim;
       const float ks = k_scale.value * (k_scale.data ? k_scale.data[h * k_scale.stride] : 1.f);
       const float vs = v_scale.value * (v_scale.data ? v_scale.data[h * v_scale.stride] : 1.f);
       k_cache[slot * row_elems + i] = quantize(device::to_float(k[t * k_stride + i]), ks);
@@ -129,12 +129,14 @@ inline void store_kv_cache(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::
   if (a.fp8) {
     const int64_t elem = host::dtype_bytes(a.dtype);
     const int64_t row_elems = a.row_bytes / elem;
+    host::ValueCheck(row_elems < (int64_t{1} << 31), "store_kv_cache: a float8 cache's token row (num_kv_heads * head_dim) ",
+                     "must have < 2^31 elements on CUDA, got ", row_elems);
     host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
       const host::RowCopyPlan plan = host::plan_row_copy(a.num_tokens, row_elems);
       host::LaunchKernel(plan.grid, plan.block, a.device)
           .enable_pdl(true)(kv_cache_detail::StoreKVCacheFp8Kernel<T>, data_ptr<const T>(k), data_ptr<const T>(v),
                             data_ptr<__nv_fp8_storage_t>(k_cache), data_ptr<__nv_fp8_storage_t>(v_cache),
-                            data_ptr<const int64_t>(slot_mapping), a.num_tokens, row_elems, a.head_dim,
+                            data_ptr<const int64_t>(slot_mapping), a.num_tokens, static_cast<int>(row_elems), static_cast<int>(a.head_dim),
                             a.k_stride_bytes / elem, a.v_stride_bytes / elem, a.num_slots, a.k_scale, a.v_scale,
                             data_ptr<int64_t>(error));
     });
