@@ -20,6 +20,7 @@
 #include <mllm_kernel/cuda/error_record.cuh>
 #include <mllm_kernel/cuda/fast_math.cuh>
 #include <mllm_kernel/cuda/launch.cuh>
+#include <mllm_kernel/cuda/mma.cuh>
 #include <mllm_kernel/cuda/reduce.cuh>
 #include <mllm_kernel/cuda/types.cuh>
 #include <mllm_kernel/cuda/vec.cuh>

@@ -36,7 +36,16 @@ namespace mllm_kernel::gpu {
 namespace decode_attention_detail {
 
 using device::bf16_t;
+using device::cp_async_16;
+using device::cp_async_commit;
+using device::cp_async_wait;
+using device::FastDivmod;
 using device::fp16_t;
+using device::ldmatrix_x4;
+using device::ldmatrix_x4_trans;
+using device::mma_16816;
+using device::pack2;
+using device::swizzle;
 
 // Warps per CTA. Measured on an H100 (benchmarks/RESULTS.md): what counts is warps per SM. 6
 // warps with 2 stages (100 KiB, 2 CTAs per SM at head_dim 128) beat 4 x 3 by 0-14% and 2 x 4, 2 x 6, 4 x 4 and 1 x 6 by far. GPUs that cannot
@@ -46,7 +55,7 @@ constexpr int kWarpsSmall = 2;
 constexpr int kTile = 16;    // keys per warp tile: the k of one m16n8k16 product P . V
 constexpr int kRows = 16;    // query heads per CTA: the m of the tensor-core products
 constexpr int kStages = 2;   // tiles a warp holds in shared memory, all in flight while it waits
-constexpr int kChunk = 8;    // 16-bit elements per 16-byte chunk (one cp.async, one ldmatrix row)
+constexpr int kChunk = device::kChunkElems;  // 16-bit elements per 16-byte chunk
 
 // Shared memory of a CTA: q [kRows, D], then each warp's region: its ring of K and V tiles
 // [kTile, D] of the cache's type and, for a float8 cache, the K and V tiles of the stage being
@@ -68,30 +77,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // ---------------------------------------------------------------------------- helpers
-
-/*! \brief n / d for a divisor fixed per launch (multiply-high instead of a division; n, d < 2^31). */
-struct FastDivmod {
-  uint32_t d = 1, mul = 0, shift = 0;
-  FastDivmod() = default;
-  explicit FastDivmod(uint32_t divisor) : d(divisor) {
-    while ((uint64_t{1} << shift) < d) ++shift;
-    mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, mul) + n) >> shift; }
-};
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool fill) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = fill ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
-  // No "memory" clobber: that would keep the compiler from hoisting the next block-table loads
-  // above the copy. cp_async_wait orders shared-memory reads against these writes.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 /*! \brief Weights of two softmax states with maxima m_a, m_b (log2 units): e^(m - max). An
  * empty state (-inf) weighs 0; two empty states give 0 and 0 (never NaN). */
@@ -123,58 +108,7 @@ struct DecodeParams {
   host::CacheScale k_scale, v_scale;  // a float8 cache's dequantization (value 1, no tensor, else)
 };
 
-// ---------------------------------------------------------------------------- tensor cores
-
-/*! \brief Offset (in 16-byte chunks) of chunk `c` of row `r` in a [rows, D] tile: chunks are
- * XOR-swizzled by the row so that ldmatrix's 8 row reads hit 8 different bank groups. */
-template <int D>
-__device__ __forceinline__ int swizzle(int r, int c) {
-  return r * (D / kChunk) + (c ^ (r & 7));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-/*! \brief c += a (16x16, row) * b (16x8, col), float32 accumulation. */
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, fp16_t>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-/*! \brief Two floats as one register of T pairs (the lower column in the low half). */
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, fp16_t>) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
+// ---------------------------------------------------------------------------- float8
 
 /*! \brief 16 float8 (e4m3fn) values as 16 values of T (two 16-byte chunks, in order). Exact: every
  * e4m3 value is a float16 and a bfloat16 value; NaN stays NaN. */
