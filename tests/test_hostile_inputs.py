@@ -1410,6 +1410,294 @@ def merge_rows(spec: OpSpec) -> Iterator[Row]:
     yield succeeds("head_dim 1", lambda a: a.update(v_a=a["v_a"][..., :1].contiguous(), v_b=a["v_b"][..., :1].contiguous()))
 
 
+# ----------------------------------------------------------------------------- prefill attention
+# Ragged: q [8, 4, 64] (requests of 3 and 5 queries: cu_seqlens_q [0, 3, 8]), k, v [10, 2, 64]
+# (4 and 6 keys: cu_seqlens_k [0, 4, 10]). Paged: the same q over caches [6 blocks, block_size 4,
+# 2 kv heads, 64], block_table [[2, 5, -1], [3, 0, 1]], seq_lens [5, 9] (capacity 12); request
+# 1's block_table[1, 2] holds its key 8 only. float32 on the CPU, float16 on CUDA (attn_dtype()).
+# CUDA never reads out of bounds and does not sync: bad lengths are clamped, a bad block's keys
+# are masked, and the first offender is recorded (pop_prefill_attention_error: a message).
+
+
+def _prefill_valid(dtype: torch.dtype) -> dict[str, Any]:
+    case = registry.cases("prefill_attention").make_ragged_case([3, 5], [4, 6], 4, 2, 64, dtype, gen=seeded(0))
+    return {"q": case.q, "k": case.k, "v": case.v, "cu_seqlens_q": case.cu_seqlens_q, "cu_seqlens_k": case.cu_seqlens_k,
+            "causal": True, "return_lse": True, "out": torch.zeros(8, 4, 64, dtype=dtype), "check": False}
+
+
+def prefill_reference(a: dict[str, Any], **override) -> Any:
+    a = {**a, **override}
+    out, lse = ref("prefill_attention", "ref_prefill_attention")(
+        a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"], causal=a.get("causal", True), scale=a.get("scale"),
+        sliding_window=a.get("sliding_window", -1), logits_soft_cap=a.get("logits_soft_cap", 0.0))
+    return (out, lse) if a.get("return_lse", False) else out
+
+
+def _prefill_spec() -> OpSpec:
+    dtype = attn_dtype()
+    return OpSpec(
+        "prefill_attention", "prefill_attention", mk.prefill_attention,
+        valid=lambda: _prefill_valid(dtype), written=("out",), reference=prefill_reference,
+        verify_order=("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "out"),
+        tolerance={torch.float16: (2e-3, 8e-3), torch.float32: (2e-3, 1e-3)} if dtype == torch.float16 else None,
+    )
+
+
+def _paged_prefill_valid(dtype: torch.dtype) -> dict[str, Any]:
+    case = registry.cases("decode_attention").make_paged_case(
+        [5, 9], num_heads=4, num_kv_heads=2, head_dim=64, block_size=4, dtype=dtype, gen=seeded(0),
+        spare_blocks=1, spare_columns=0)
+    q = randn(8, 4, 64, dtype=dtype, seed=3)
+    return {"q": q, "k_cache": case.k_cache, "v_cache": case.v_cache, "block_table": case.block_table,
+            "cu_seqlens_q": torch.tensor([0, 3, 8], dtype=torch.int32), "seq_lens": case.seq_lens,
+            "causal": True, "return_lse": True, "out": torch.zeros(8, 4, 64, dtype=dtype), "check": False}
+
+
+def paged_prefill_reference(a: dict[str, Any], masked_keys: dict[int, list[int]] | None = None, **override) -> Any:
+    """The float64 (out, lse); masked_keys {request: keys}: keys CUDA masks (a bad block's)."""
+    a = {**a, **override}
+    masks = None
+    custom = a.get("custom_mask")
+    cq, lens = a["cu_seqlens_q"].tolist(), a["seq_lens"].tolist()
+    if custom is not None or masked_keys:
+        allowed = ref("prefill_attention", "allowed_keys")
+        masks, at = [], 0
+        flat = None if custom is None else custom.reshape(-1).cpu()
+        for b in range(len(lens)):
+            len_q, len_k = cq[b + 1] - cq[b], lens[b]
+            if flat is None:
+                keep = allowed(len_q, len_k, a.get("causal", True))
+            else:  # CUDA reads entries past the mask as 0
+                part = flat[at:at + len_q * len_k]
+                keep = torch.cat([part, torch.zeros(len_q * len_k - part.numel(), dtype=torch.bool)]).view(len_q, len_k)
+            at += len_q * len_k
+            for t in (masked_keys or {}).get(b, []):
+                keep[:, t] = False
+            masks.append(keep)
+    table = a["block_table"].clone()  # bad ids point at block 0: masked_keys leave their keys out
+    table[(table < 0) | (table >= a["k_cache"].shape[0])] = 0
+    out, lse = ref("prefill_attention", "ref_paged_prefill_attention")(
+        a["q"], a["k_cache"], a["v_cache"], table, a["cu_seqlens_q"], a["seq_lens"],
+        causal=a.get("causal", True), custom_masks=masks, scale=a.get("scale"),
+        sliding_window=a.get("sliding_window", -1), logits_soft_cap=a.get("logits_soft_cap", 0.0))
+    return (out, lse) if a.get("return_lse", False) else out
+
+
+def _paged_prefill_spec() -> OpSpec:
+    dtype = attn_dtype()
+    return OpSpec(
+        "paged_prefill_attention", "paged_prefill_attention", mk.paged_prefill_attention,
+        valid=lambda: _paged_prefill_valid(dtype), written=("out",), reference=paged_prefill_reference,
+        verify_order=("q", "k_cache", "v_cache", "block_table", "seq_lens", "cu_seqlens_q", "out"),
+        tolerance={torch.float16: (2e-3, 8e-3), torch.float32: (2e-3, 1e-3)} if dtype == torch.float16 else None,
+    )
+
+
+def cuda_recorded_rows(label: str, mutate, name: str, message: str, reference) -> Iterator[Row]:
+    """A bad index: the CPU raises before writing; CUDA records it and computes `reference`
+    (what the kernel does instead), and with check=True raises after its kernel ran."""
+    checked = lambda a: (mutate(a), a.update(check=True))  # noqa: E731
+    if not on_cuda():
+        yield raises(label, mutate, VALUE, name)
+        yield raises(f"{label}, check=True", checked, VALUE, name)
+        return
+    package = "prefill_attention"
+
+    def written(a):
+        result = reference(a)
+        return {"out": (result[0] if isinstance(result, tuple) else result).to(a["out"].dtype)}
+
+    yield Row(label, mutate, Succeeds(recorded=(package, message)), reference)
+    yield Row(f"{label}, check=True", checked, Raises(VALUE, (name,), written=written))
+
+
+def prefill_common_rows(q_names: tuple[str, ...], extra: Callable[[torch.dtype], dict[str, Any]]) -> Iterator[Row]:
+    """q, out and number rows both forms share; extra(dtype) resizes the K/V arguments to a
+    head_dim of 96 alongside q."""
+    dtype, other = attn_dtype(), other_attn_dtype()
+    yield from common_tensor_rows("q", FLOAT_BAD)
+    yield from dtype_rows("q", torch.bool)
+    yield raises("q 4-D", lambda a: a.update(q=a["q"].unsqueeze(0)), VALUE, "q")
+    yield raises("q head_dim 96", lambda a: a.update(q=randn(8, 4, 96, dtype=dtype), out=torch.zeros(8, 4, 96, dtype=dtype),
+                                                      **extra(dtype)), VALUE, "head_dim", "q")
+    yield raises("q 3 heads, 2 kv heads (not a multiple)",
+                 lambda a: a.update(q=a["q"][:, :3], out=torch.zeros(8, 3, 64, dtype=dtype)), VALUE, "q", *q_names)
+    yield raises("q head_dim 65 (one more than k)", lambda a: a.update(q=resize(a["q"], 2, 1)), VALUE, *q_names)
+
+    for label, bad in (("str", "tensor"), ("float", 1.5), ("list", [1.0, 2.0])):
+        yield raises(f"out: {label} for a tensor", setter(out=bad), TYPE, "out")
+    yield from dtype_rows("out", *FLOAT_BAD)
+    yield raises("out of another float dtype than q", lambda a: a.update(out=a["out"].to(other)), TYPE, "out")
+    yield from shape_rows("out", 0, 1, 2, names=("out",))
+    yield from rank_rows("out")
+    yield from meta_rows("out")
+    yield from stride_rows("out")
+    yield from expanded_rows("out")
+    yield raises("out is q", lambda a: a.update(out=a["q"]), VALUE, "out", "q")
+    yield succeeds("out = None (allocated)", setter(out=None))
+    yield succeeds("q expanded (read only)", lambda a: a.update(q=expanded(a["q"])))
+
+    yield from float_kind_rows("scale")
+    yield from float_value_rows("scale", (0.0, -0.125, math.nan, math.inf))
+    yield raises("scale = 1e39 (inf in float32)", setter(scale=1e39), VALUE, "scale")
+    yield succeeds("scale = 1e30 (huge logits)", setter(scale=1e30))
+    for label, bad in (("None", None), ("'7'", "7"), ("1.5", 1.5)):
+        yield raises(f"sliding_window = {label}", setter(sliding_window=bad), TYPE, "sliding_window")
+    yield from huge_int_rows("sliding_window")
+    for window in (1, 3, 0, -5, 2**62):
+        yield succeeds(f"sliding_window = {window}", setter(sliding_window=window))
+    yield from float_kind_rows("logits_soft_cap")
+    yield from float_value_rows("logits_soft_cap", (-1.0, math.nan, math.inf))
+    yield succeeds("logits_soft_cap = 30, scale = 1e30 (capped huge logits)", setter(logits_soft_cap=30.0, scale=1e30))
+    yield from flag_kind_rows("causal")
+    yield succeeds("causal = False", setter(causal=False))
+    yield from flag_kind_rows("return_lse")
+    yield succeeds("return_lse = False (out only)", setter(return_lse=False))
+    yield from flag_kind_rows("check")
+    yield succeeds("check = True (nothing recorded)", setter(check=True))
+    for label, bad in (("None", None), ("'2'", "2"), ("1.5", 1.5)):
+        yield raises(f"num_threads = {label}", setter(num_threads=bad), TYPE, "num_threads")
+    yield from huge_int_rows("num_threads")
+    if on_cuda():  # CUDA ignores num_threads
+        yield succeeds("num_threads = -1", setter(num_threads=-1))
+    else:
+        yield raises("num_threads = -1", setter(num_threads=-1), VALUE, "num_threads")
+    for threads in (0, 3):
+        yield succeeds(f"num_threads = {threads}", setter(num_threads=threads))
+
+
+def cu_rows(name: str, total: int, reference) -> Iterator[Row]:
+    """cu_seqlens `name` [3] = [0, n, total]: kinds, dtypes, lengths and bad prefix sums."""
+    yield from common_tensor_rows(name, INDEX_BAD, strides=False)
+    yield from dtype_rows(name, torch.int64)
+    yield raises(f"{name} inner stride 2", lambda a: a.update({name: non_unit_inner(a[name])}), VALUE, name)
+    # The two prefix sums must have the same length: the second one verified is named.
+    yield raises(f"{name} of 4 entries", lambda a: a.update({name: torch.tensor([0, 1, 2, total], dtype=torch.int32)}),
+                 VALUE, "cu_seqlens_k")
+    # Bad prefix sums, and what CUDA computes with them clamped (rows past the clamped ends: the
+    # valid out's zeros).
+    first = 3 if name == "cu_seqlens_q" else 4  # the valid entry 1
+    for at, value, clamped in ((1, 99, [0, total, total]), (0, -3, [0, first, total]), (2, total + 1, [0, first, total])):
+        def override(a, clamped=clamped):
+            return {name: torch.tensor(clamped, dtype=torch.int32)}
+
+        yield from cuda_recorded_rows(f"{name}[{at}] = {value}", set_entry(name, at, value), name,
+                                      f"{name}[{at}] = {value} ", lambda a, o=override: reference(a, **o(a)))
+
+
+@table("prefill_attention")
+def prefill_rows(spec: OpSpec) -> Iterator[Row]:
+    dtype, other = attn_dtype(), other_attn_dtype()
+    yield from prefill_common_rows(("k",), lambda d: {"k": randn(10, 2, 96, dtype=d, seed=1),
+                                                      "v": randn(10, 2, 96, dtype=d, seed=2)})
+
+    def all_to(d: torch.dtype) -> Callable[[dict[str, Any]], None]:
+        return lambda a: a.update({n: a[n].to(d) for n in ("q", "k", "v", "out")})
+
+    if on_cuda():
+        yield raises("q, k, v and out float32", all_to(torch.float32), TYPE, "q")
+    else:
+        yield succeeds("q, k, v and out float32", all_to(torch.float32))
+    yield succeeds("q, k, v and out bfloat16", all_to(torch.bfloat16))
+    for name in ("k", "v"):
+        yield from common_tensor_rows(name, FLOAT_BAD)
+        yield raises(f"{name} of another float dtype than q", lambda a, n=name: a.update({n: a[n].to(other)}), TYPE, name)
+    yield from shape_rows("k", 1, 2, names=("k",))
+    yield from shape_rows("v", 0, 1, 2, names=("v",))
+    yield from cu_rows("cu_seqlens_q", 8, prefill_reference)
+    yield from cu_rows("cu_seqlens_k", 10, prefill_reference)
+    def out_over_k(a):  # k is the first 1280 elements of out's storage
+        buf = torch.zeros(2048, dtype=a["k"].dtype)
+        buf[:1280] = a["k"].reshape(-1)
+        a.update(k=buf[:1280].view(10, 2, 64), out=buf.view(8, 4, 64))
+
+    yield raises("out overlaps k", out_over_k, VALUE, "out", "k")
+    yield succeeds("q, k, v slices of one fused qkv tensor (token strides)", fused_qkv)
+    yield succeeds("cu_seqlens_q [0, 0, 8] (a request without queries)",
+                   lambda a: a.update(cu_seqlens_q=torch.tensor([0, 0, 8], dtype=torch.int32)))
+    yield succeeds("cu_seqlens_k [0, 0, 10] (a request without keys: out 0, lse -inf)",
+                   lambda a: a.update(cu_seqlens_k=torch.tensor([0, 0, 10], dtype=torch.int32)))
+    yield succeeds("empty batch", lambda a: a.update(q=torch.empty(0, 4, 64, dtype=dtype), out=torch.empty(0, 4, 64, dtype=dtype),
+                                                      k=torch.empty(0, 2, 64, dtype=dtype), v=torch.empty(0, 2, 64, dtype=dtype),
+                                                      cu_seqlens_q=torch.zeros(1, dtype=torch.int32),
+                                                      cu_seqlens_k=torch.zeros(1, dtype=torch.int32)))
+
+
+def fused_qkv(a):
+    """q, k, v as token-strided slices of one [tokens, (H + 2 KH) * D] projection (k, v padded to
+    q's 8 tokens... only the first 8 tokens of k / v are shared rows: k, v keep their own 10)."""
+    dtype = a["q"].dtype
+    rows = torch.zeros(10, 8 * 64, dtype=dtype)
+    rows[:8, :256] = a["q"].reshape(8, 256)
+    rows[:, 256:384] = a["k"].reshape(10, 128)
+    rows[:, 384:] = a["v"].reshape(10, 128)
+    a.update(q=rows[:8, :256].view(8, 4, 64), k=rows[:, 256:384].view(10, 2, 64), v=rows[:, 384:].view(10, 2, 64))
+
+
+@table("paged_prefill_attention")
+def paged_prefill_rows(spec: OpSpec) -> Iterator[Row]:
+    dtype, other = attn_dtype(), other_attn_dtype()
+    yield from prefill_common_rows(("k_cache",), lambda d: {"k_cache": randn(6, 4, 2, 96, dtype=d, seed=1),
+                                                            "v_cache": randn(6, 4, 2, 96, dtype=d, seed=2)})
+    for name in ("k_cache", "v_cache"):
+        yield from common_tensor_rows(name, FLOAT_BAD)
+        yield raises(f"{name} of another float dtype than q", lambda a, n=name: a.update({n: a[n].to(other)}), TYPE, name)
+        yield raises(f"{name} transposed within a block (block_size <-> heads)",
+                     lambda a, n=name: a.update({n: a[n].transpose(1, 2).contiguous().transpose(1, 2)}), VALUE, name)
+    yield from shape_rows("v_cache", 0, 1, 2, 3, names=("v_cache",))
+    yield from common_tensor_rows("block_table", INDEX_BAD)
+    yield from dtype_rows("block_table", torch.int64)
+    yield from common_tensor_rows("seq_lens", INDEX_BAD, strides=False)
+    yield raises("seq_lens [3] (batch 3, cu_seqlens_q of 2 requests)",
+                 lambda a: a.update(seq_lens=torch.tensor([5, 9, 1], dtype=torch.int32)), VALUE, "seq_lens")
+    yield from common_tensor_rows("cu_seqlens_q", INDEX_BAD, strides=False)
+    yield raises("cu_seqlens_q of 4 entries (3 requests, seq_lens of 2)",
+                 lambda a: a.update(cu_seqlens_q=torch.tensor([0, 1, 2, 8], dtype=torch.int32)), VALUE, "cu_seqlens_q")
+    for at, value, clamped in ((1, 99, [0, 8, 8]), (0, -3, [0, 3, 8]), (2, 9, [0, 3, 8])):
+        def override(a, clamped=clamped):
+            return {"cu_seqlens_q": torch.tensor(clamped, dtype=torch.int32)}
+
+        yield from cuda_recorded_rows(f"cu_seqlens_q[{at}] = {value}", set_entry("cu_seqlens_q", at, value),
+                                      "cu_seqlens_q", f"cu_seqlens_q[{at}] = {value} ",
+                                      lambda a, o=override: paged_prefill_reference(a, **o(a)))
+    for value in (DECODE_CAPACITY + 1, -1, 2**31 - 1):
+        clamped = min(max(value, 0), DECODE_CAPACITY)
+        yield from cuda_recorded_rows(
+            f"seq_lens[1] = {value}", set_entry("seq_lens", 1, value), "seq_lens", f"seq_lens[1] = {value} ",
+            lambda a, c=clamped: paged_prefill_reference(a, seq_lens=torch.tensor([5, c], dtype=torch.int32)))
+    for value in (-1, DECODE_BLOCKS, 2**31 - 1):  # block_table[1, 2] holds request 1's key 8
+        yield from cuda_recorded_rows(
+            f"block_table[1, 2] = {value}", set_entry("block_table", (1, 2), value), "block_table",
+            f"block_table[1, 2] = {value} ", lambda a: paged_prefill_reference(a, masked_keys={1: [8]}))
+    yield succeeds("block_table[0, 2] = -5 (unused padding)", set_entry("block_table", (0, 2), -5))
+
+    # custom_mask: bool [sum len_q * len_k] = 3 * 5 + 5 * 9 = 60.
+    def mask_of(n: int, fill: bool = True):
+        return lambda a: a.update(custom_mask=torch.rand(n, generator=seeded(7)) < (0.5 if fill else 0.0))
+
+    yield succeeds("custom_mask random (60 entries)", mask_of(60))
+    yield succeeds("custom_mask all False (out 0, lse -inf)", mask_of(60, fill=False))
+    for n in (59, 61):
+        yield from cuda_recorded_rows(f"custom_mask of {n} entries (60 needed)", mask_of(n), "custom_mask",
+                                      f"custom_mask holds {n} elements", paged_prefill_reference)
+    for label, bad in (("str", "mask"), ("float", 1.5), ("list", [True])):
+        yield raises(f"custom_mask: {label} for a tensor", setter(custom_mask=bad), TYPE, "custom_mask")
+    yield raises("custom_mask int32", lambda a: a.update(custom_mask=torch.ones(60, dtype=torch.int32)), TYPE, "custom_mask")
+    yield raises("custom_mask [3, 20] (2-D)", lambda a: a.update(custom_mask=torch.ones(3, 20, dtype=torch.bool)), VALUE,
+                 "custom_mask")
+    yield raises("out is block 0 of k_cache", lambda a: a.update(out=a["k_cache"].reshape(-1)[:2048].view(8, 4, 64)),
+                 VALUE, "out", "k_cache")
+    yield succeeds("k_cache, v_cache halves of one [blocks, 2, bs, KH, D] tensor (block stride)",
+                   lambda a: a.update(**dict(zip(("k_cache", "v_cache"), torch.stack([a["k_cache"], a["v_cache"]], 1).unbind(1)))))
+    yield succeeds("seq_lens all 0 (out 0, lse -inf)", lambda a: a["seq_lens"].zero_())
+    yield succeeds("seq_lens [2, 3]: fewer keys than queries (early queries see nothing)",
+                   lambda a: a.update(seq_lens=torch.tensor([2, 3], dtype=torch.int32)))
+    yield succeeds("empty batch", lambda a: a.update(q=torch.empty(0, 4, 64, dtype=dtype), out=torch.empty(0, 4, 64, dtype=dtype),
+                                                      block_table=torch.empty(0, 3, dtype=torch.int32),
+                                                      seq_lens=torch.empty(0, dtype=torch.int32),
+                                                      cu_seqlens_q=torch.zeros(1, dtype=torch.int32)))
+
+
 # ----------------------------------------------------------------------------- module functions
 # The public ops allocate their outputs, so `out` can only alias an input through the module
 # functions themselves: these rows call them directly (the C++ contract is what must refuse).
@@ -1514,6 +1802,8 @@ def op_specs() -> dict[str, OpSpec]:
         "embedding": _embedding_spec,
         "decode_attention": _decode_spec,
         "merge_attention_states": _merge_spec,
+        "prefill_attention": _prefill_spec,
+        "paged_prefill_attention": _paged_prefill_spec,
     }
     for name in ("greedy_sample", "top_k_top_p_sample", "top_k_top_p_sample_from_uniforms", "min_p_sample",
                  "min_p_sample_from_uniforms"):
@@ -1629,7 +1919,7 @@ def place(args: dict[str, Any], devices: dict[str, str], router: str, stand_in: 
 
 
 ERROR_RECORDS = {"rope": "pop_rope_error", "kv_cache": "pop_kv_cache_error", "embedding": "pop_embedding_error",
-                 "decode_attention": "pop_decode_attention_error"}
+                 "decode_attention": "pop_decode_attention_error", "prefill_attention": "pop_prefill_attention_error"}
 
 
 def pop_records(device: str) -> dict[str, tuple[int, int] | str | None]:

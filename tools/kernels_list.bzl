@@ -11,6 +11,7 @@ KERNELS = [
     "activation",
     "embedding",
     "kv_cache",
+    "prefill_attention",
     "rms_norm",
     "rope",
     "sampling",

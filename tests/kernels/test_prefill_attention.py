@@ -1,0 +1,439 @@
+"""prefill_attention and paged_prefill_attention (kernels/prefill_attention) against the float64
+references of kernels/prefill_attention/cases.py.
+
+CPU tests run once per SIMD target (conftest.py's autouse `simd_target` fixture) and cover a
+representative subset at short lengths; the CUDA tests run the full matrix (every head_dim x
+dtype x group size, block sizes 1/16/64, lengths 1 to 4097), CUDA-graph replay with changed
+lengths and the device-side error record.
+
+Tolerances as test_decode_attention.py: an output is a convex combination of V rows; lse
+(float32) with 1e-4 (float32 inputs) or 2e-3 (16-bit inputs) absolute plus a relative term. Every
+`out=` is poisoned with NaN first, so an element the kernel never writes fails the comparison.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from mllm_kernel.kernels.decode_attention import decode_attention
+from mllm_kernel.kernels.prefill_attention import (
+    paged_prefill_attention,
+    pop_prefill_attention_error,
+    prefill_attention,
+)
+from mllm_kernel.kernels.prefill_attention.cases import (
+    allowed_keys,
+    make_paged_prefill_case,
+    make_ragged_case,
+    tree_mask,
+)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+CUDA_DTYPES = [torch.float16, torch.bfloat16]
+HEAD_DIMS = [64, 128, 256]
+HAS_CUDA = torch.cuda.is_available()
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+NAN, NEG_INF = float("nan"), float("-inf")
+
+OUT_TOL = {torch.float32: (2e-5, 2e-4), torch.float16: (2e-3, 8e-3), torch.bfloat16: (1.6e-2, 3.2e-2)}
+LSE_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 1e-3), torch.bfloat16: (2e-3, 1e-3)}
+HEADS = [(8, 8), (8, 2), (16, 2)]  # group sizes 1, 4, 8
+
+# (lens_q, lens_k): ragged prompts (k = q), prefix caching / chunked prefill (k > q), a request
+# without queries, one whose keys are fewer than its queries (its first queries see nothing).
+SHORT = ([1, 15, 16, 17, 0, 40], [1, 15, 16, 17, 9, 40])
+PREFIX = ([7, 33, 1, 64], [50, 33, 130, 64])
+FEWER_KEYS = ([20, 5], [12, 5])
+CUDA_LONG = ([1, 15, 16, 17, 127, 1000, 4097], [1, 15, 16, 17, 127, 1000, 4097])
+CUDA_LONG_PREFIX = ([127, 1000, 65], [1127, 4097, 3000])
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def gen_for(*parts) -> torch.Generator:
+    """A per-test generator that does not depend on PYTHONHASHSEED."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(parts).encode()))
+
+
+def assert_attention(out, lse, want_out, want_lse, dtype, what=""):
+    assert out.dtype == dtype and out.shape == want_out.shape, (out.dtype, out.shape)
+    atol, rtol = OUT_TOL[dtype]
+    torch.testing.assert_close(out.double().cpu(), want_out, atol=atol, rtol=rtol, msg=lambda m: f"out {what}: {m}")
+    empty = torch.isneginf(want_lse)
+    assert torch.equal(out.cpu()[empty], torch.zeros_like(out.cpu()[empty])), f"out {what}: no keys must give 0"
+    atol, rtol = LSE_TOL[dtype]
+    lse = lse.double().cpu()
+    assert lse.dtype == torch.float64 and lse.shape == want_lse.shape
+    assert torch.equal(torch.isneginf(lse), empty), f"lse {what}: -inf exactly where there are no keys"
+    torch.testing.assert_close(lse[~empty], want_lse[~empty], atol=atol, rtol=rtol, msg=lambda m: f"lse {what}: {m}")
+
+
+def assert_no_device_error(device):
+    if torch.device(device).type == "cuda":
+        assert pop_prefill_attention_error(device) is None
+
+
+def run_ragged(case, dtype, what="", **kw):
+    out = torch.full(case.q.shape, NAN, dtype=case.q.dtype, device=case.q.device)
+    got, lse = prefill_attention(*case.args(), out=out, return_lse=True, **kw)
+    assert got is out
+    assert_no_device_error(case.q.device)
+    want_out, want_lse = case.ref(**kw)
+    assert_attention(out, lse, want_out, want_lse, dtype, what)
+    return out, lse
+
+
+def run_paged(case, dtype, what="", custom_masks=None, **kw):
+    out = torch.full(case.q.shape, NAN, dtype=case.q.dtype, device=case.q.device)
+    flat = None
+    if custom_masks is not None:
+        flat = torch.cat([m.flatten() for m in custom_masks]).to(case.q.device)
+    got, lse = paged_prefill_attention(*case.args(), custom_mask=flat, out=out, return_lse=True, **kw)
+    assert got is out
+    assert_no_device_error(case.q.device)
+    want_out, want_lse = case.ref(custom_masks=custom_masks, **kw)
+    assert_attention(out, lse, want_out, want_lse, dtype, what)
+    return out, lse
+
+
+def tree_masks(lens_q, lens_k, gen):
+    """A random draft tree per request: its last len_q keys are the draft tokens."""
+    return [tree_mask(k - q, q, gen) for q, k in zip(lens_q, lens_k)]
+
+
+# ----------------------------------------------------------------------------- both devices
+# Each check runs as test_cpu_<name> (every SIMD target, DTYPES) and test_cuda_<name> (CUDA_DTYPES).
+
+def check_ragged_reference(device, dtype, head_dim, heads):
+    gen = gen_for("ragged", device, dtype, head_dim, heads)
+    for lens in (SHORT, PREFIX, FEWER_KEYS):
+        case = make_ragged_case(*lens, *heads, head_dim, dtype, device, gen)
+        run_ragged(case, dtype, f"causal {lens}")
+    case = make_ragged_case(*PREFIX, *heads, head_dim, dtype, device, gen)
+    run_ragged(case, dtype, "not causal", causal=False)
+
+
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"H{h[0]}_KH{h[1]}")
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_ragged_reference(dtype, head_dim, heads):
+    check_ragged_reference("cpu", dtype, head_dim, heads)
+
+
+@cuda_only
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"H{h[0]}_KH{h[1]}")
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_ragged_reference(dtype, head_dim, heads):
+    check_ragged_reference("cuda", dtype, head_dim, heads)
+
+
+def check_paged_reference(device, dtype, block_size):
+    gen = gen_for("paged", device, dtype, block_size)
+    for lens in (SHORT, PREFIX, FEWER_KEYS):
+        case = make_paged_prefill_case(*lens, 8, 2, 128, block_size, dtype, device, gen)
+        run_paged(case, dtype, f"causal {lens}")
+    case = make_paged_prefill_case(*PREFIX, 16, 2, 64, block_size, dtype, device, gen)
+    run_paged(case, dtype, "not causal", causal=False)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_paged_reference(dtype, block_size):
+    check_paged_reference("cpu", dtype, block_size)
+
+
+@cuda_only
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_paged_reference(dtype, block_size):
+    check_paged_reference("cuda", dtype, block_size)
+
+
+def check_tree_mask(device, dtype, head_dim):
+    gen = gen_for("tree", device, dtype, head_dim)
+    lens_q, lens_k = [5, 1, 16, 9], [37, 1, 80, 9]  # the last request: a tree without a prefix
+    case = make_paged_prefill_case(lens_q, lens_k, 8, 2, head_dim, 16, dtype, device, gen)
+    run_paged(case, dtype, "tree", custom_masks=tree_masks(lens_q, lens_k, gen))
+    # A random mask (not a tree), with rows that see nothing, and with a window on top.
+    masks = [torch.rand(q, k, generator=gen) < 0.3 for q, k in zip(lens_q, lens_k)]
+    run_paged(case, dtype, "random mask", custom_masks=masks)
+    run_paged(case, dtype, "random mask + window", custom_masks=masks, sliding_window=6)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_tree_mask(dtype, head_dim):
+    check_tree_mask("cpu", dtype, head_dim)
+
+
+@cuda_only
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_tree_mask(dtype, head_dim):
+    check_tree_mask("cuda", dtype, head_dim)
+
+
+def check_sliding_window(device, dtype, window):
+    gen = gen_for("window", device, dtype, window)
+    case = make_ragged_case(*PREFIX, 8, 2, 64, dtype, device, gen)
+    run_ragged(case, dtype, "causal", sliding_window=window)
+    run_ragged(case, dtype, "not causal", sliding_window=window, causal=False)
+    paged = make_paged_prefill_case(*PREFIX, 8, 2, 64, 16, dtype, device, gen)
+    run_paged(paged, dtype, "paged", sliding_window=window)
+
+
+@pytest.mark.parametrize("window", [1, 7, 64, 10**6])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_sliding_window(dtype, window):
+    check_sliding_window("cpu", dtype, window)
+
+
+@cuda_only
+@pytest.mark.parametrize("window", [1, 7, 64, 10**6])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_sliding_window(dtype, window):
+    check_sliding_window("cuda", dtype, window)
+
+
+def check_soft_cap_and_scale(device, dtype, cap):
+    gen = gen_for("cap", device, dtype, cap)
+    case = make_ragged_case(*SHORT, 8, 2, 128, dtype, device, gen, q_scale=4.0)
+    run_ragged(case, dtype, "cap", logits_soft_cap=cap)
+    run_ragged(case, dtype, "cap + scale", logits_soft_cap=cap, scale=0.3)
+
+
+@pytest.mark.parametrize("cap", [1.0, 30.0])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_soft_cap_and_scale(dtype, cap):
+    check_soft_cap_and_scale("cpu", dtype, cap)
+
+
+@cuda_only
+@pytest.mark.parametrize("cap", [1.0, 30.0])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_soft_cap_and_scale(dtype, cap):
+    check_soft_cap_and_scale("cuda", dtype, cap)
+
+
+def check_strided_inputs(device, dtype):
+    gen = gen_for("strided", device, dtype)
+    case = make_ragged_case(*PREFIX, 8, 2, 64, dtype, device, gen, token_pad=3)
+    assert not case.q.is_contiguous() and not case.k.is_contiguous()
+    run_ragged(case, dtype, "strided")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_strided_inputs(dtype):
+    check_strided_inputs("cpu", dtype)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_strided_inputs(dtype):
+    check_strided_inputs("cuda", dtype)
+
+
+def check_paged_matches_ragged(device, dtype):
+    gen = gen_for("paged=ragged", device, dtype)
+    case = make_paged_prefill_case(*PREFIX, 16, 2, 128, 16, dtype, device, gen)
+    for causal in (True, False):
+        paged = paged_prefill_attention(*case.args(), causal=causal, return_lse=True)
+        ragged = prefill_attention(*case.ragged().args(), causal=causal, return_lse=True)
+        # Same keys in the same order: the same result up to the order of float operations.
+        torch.testing.assert_close(paged[0], ragged[0])
+        torch.testing.assert_close(paged[1], ragged[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_paged_matches_ragged(dtype):
+    check_paged_matches_ragged("cpu", dtype)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_paged_matches_ragged(dtype):
+    check_paged_matches_ragged("cuda", dtype)
+
+
+def check_last_row_matches_decode(device, dtype):
+    gen = gen_for("decode", device, dtype)
+    lens_q, lens_k = [5, 1, 30], [40, 17, 30]
+    case = make_paged_prefill_case(lens_q, lens_k, 16, 2, 128, 16, dtype, device, gen)
+    out, lse = paged_prefill_attention(*case.args(), return_lse=True)
+    last = case.cu_seqlens_q[1:].long() - 1
+    want, want_lse = decode_attention(case.q[last], case.k_cache, case.v_cache, case.block_table, case.seq_lens,
+                                      return_lse=True)
+    atol, rtol = OUT_TOL[dtype]
+    torch.testing.assert_close(out[last], want, atol=atol, rtol=rtol)
+    torch.testing.assert_close(lse[last], want_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_last_row_matches_decode(dtype):
+    check_last_row_matches_decode("cpu", dtype)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_last_row_matches_decode(dtype):
+    check_last_row_matches_decode("cuda", dtype)
+
+
+def test_allowed_keys_rules():
+    # The reference's masks themselves, written out by hand for one request of 3 queries, 5 keys.
+    want = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(allowed_keys(3, 5), want)
+    want_window = torch.tensor([[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(allowed_keys(3, 5, sliding_window=2), want_window)
+    assert torch.equal(allowed_keys(3, 5, causal=False), torch.ones(3, 5, dtype=torch.bool))
+    tree = tree_mask(2, 3, torch.Generator().manual_seed(0))
+    assert tree[:, :2].all() and tree[:, 2:].diagonal().all() and not tree[:, 2:].triu(1).any()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda_only)])
+def test_empty_and_zero_lengths(device):
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    case = make_ragged_case([0, 0], [0, 3], 8, 2, 64, dtype, device)
+    out, lse = prefill_attention(*case.args(), return_lse=True)
+    assert out.shape == (0, 8, 64) and lse.shape == (0, 8)
+    # Queries without keys: 0 and -inf.
+    case = make_ragged_case([4], [0], 8, 2, 64, dtype, device)
+    out, lse = prefill_attention(*case.args(), causal=False, return_lse=True)
+    assert torch.equal(out.cpu(), torch.zeros_like(out.cpu())) and torch.isneginf(lse).all()
+
+
+# ----------------------------------------------------------------------------- bad inputs
+
+
+def _ragged_bad_inputs(device):
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    case = make_ragged_case([3, 5], [4, 5], 8, 2, 64, dtype, device)
+    q, k, v, cq, ck = case.args()
+    return {
+        "q dtype": ((q.int(), k, v, cq, ck), "q"),
+        "k dtype": ((q, k.double(), v, cq, ck), "k"),
+        "v heads": ((q, k, v[:, :1], cq, ck), "v"),
+        "q heads not a multiple": ((q[:, :7], k, v, cq, ck), "num_heads"),
+        "head_dim 32": ((q[..., :32].contiguous(), k[..., :32].contiguous(), v[..., :32].contiguous(), cq, ck),
+                        "head_dim"),
+        "cu_seqlens dtype": ((q, k, v, cq.long(), ck), "cu_seqlens_q"),
+        "cu_seqlens length": ((q, k, v, cq, ck[:2]), "cu_seqlens_k"),
+        "k not contiguous dims": ((q, k.transpose(1, 2).contiguous().transpose(1, 2), v, cq, ck), "k"),
+        "q on another device": ((q.cpu() if device == "cuda" else q, k, v, cq, ck), "device" if device == "cuda"
+                                else None),
+    }
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda_only)])
+def test_bad_inputs_raise(device):
+    for name, (args, word) in _ragged_bad_inputs(device).items():
+        if word is None:
+            continue
+        with pytest.raises((ValueError, TypeError, RuntimeError), match=word):
+            prefill_attention(*args)
+
+
+@pytest.mark.parametrize("bad", ["start", "decreasing", "past_end", "short"])
+def test_cpu_bad_cu_seqlens(bad):
+    case = make_ragged_case([3, 5], [4, 5], 8, 2, 64)
+    cq = case.cu_seqlens_q.clone()
+    {"start": lambda: cq.__setitem__(0, 1), "decreasing": lambda: cq.__setitem__(1, 9),
+     "past_end": lambda: cq.__setitem__(2, 99), "short": lambda: cq.__setitem__(2, 7)}[bad]()
+    out = torch.full(case.q.shape, NAN)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        prefill_attention(case.q, case.k, case.v, cq, case.cu_seqlens_k, out=out)
+    assert torch.isnan(out).all(), "nothing is written before the check"
+
+
+def test_cpu_bad_paged_indices():
+    case = make_paged_prefill_case([3, 5], [20, 5], 8, 2, 64, 16)
+    table = case.block_table.clone()
+    table[0, 1] = 999
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\]"):
+        paged_prefill_attention(case.q, case.k_cache, case.v_cache, table, case.cu_seqlens_q, case.seq_lens)
+    lens = case.seq_lens.clone()
+    lens[1] = 10**6
+    with pytest.raises(ValueError, match=r"seq_lens\[1\]"):
+        paged_prefill_attention(case.q, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q, lens)
+    mask = torch.ones(3 * 20 + 5 * 5 - 1, dtype=torch.bool)
+    with pytest.raises(ValueError, match="custom_mask"):
+        paged_prefill_attention(*case.args(), custom_mask=mask)
+    with pytest.raises(TypeError, match="custom_mask"):
+        paged_prefill_attention(*case.args(), custom_mask=mask.int())
+
+
+# ----------------------------------------------------------------------------- CUDA only
+
+
+@cuda_only
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"H{h[0]}_KH{h[1]}")
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_long(dtype, head_dim, heads):
+    gen = gen_for("long", dtype, head_dim, heads)
+    for lens in (CUDA_LONG, CUDA_LONG_PREFIX):
+        case = make_ragged_case(*lens, *heads, head_dim, dtype, "cuda", gen)
+        run_ragged(case, dtype, f"causal {lens}")
+    case = make_ragged_case(*CUDA_LONG_PREFIX, *heads, head_dim, dtype, "cuda", gen)
+    run_ragged(case, dtype, "not causal", causal=False)
+    paged = make_paged_prefill_case(*CUDA_LONG_PREFIX, *heads, head_dim, 16, dtype, "cuda", gen)
+    run_paged(paged, dtype, "paged")
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_graph_replay_with_new_lengths(dtype):
+    gen = gen_for("graph", dtype)
+    lens_q, lens_k = [30, 200, 7], [60, 200, 300]
+    case = make_paged_prefill_case(lens_q, lens_k, 16, 2, 128, 16, dtype, "cuda", gen)
+    out = torch.empty_like(case.q)
+    paged_prefill_attention(*case.args(), out=out)  # allocates the error record before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_prefill_attention(*case.args(), out=out)
+    # Same total_q (the graph's shapes), new splits; each request's keys stay within its blocks.
+    for new_q, new_k in (([30, 200, 7], [60, 200, 300]), ([100, 100, 37], [64, 180, 37]), ([237, 0, 0], [60, 0, 5])):
+        case.cu_seqlens_q.copy_(torch.tensor([0, *torch.tensor(new_q).cumsum(0).tolist()], dtype=torch.int32))
+        case.seq_lens.copy_(torch.tensor(new_k, dtype=torch.int32))
+        out.fill_(NAN)
+        graph.replay()
+        torch.cuda.synchronize()
+        want, _ = case.ref()
+        atol, rtol = OUT_TOL[dtype]
+        torch.testing.assert_close(out.double().cpu(), want, atol=atol, rtol=rtol)
+
+
+@cuda_only
+def test_cuda_bad_indices_recorded():
+    dtype = torch.bfloat16
+    case = make_paged_prefill_case([3, 5], [20, 5], 8, 2, 64, 16, dtype, "cuda")
+    assert pop_prefill_attention_error("cuda") is None
+    table = case.block_table.clone()
+    table[0, 1] = 999
+    out = paged_prefill_attention(case.q, case.k_cache, case.v_cache, table, case.cu_seqlens_q, case.seq_lens)
+    assert torch.isfinite(out).all()
+    assert "block_table[0, 1] = 999" in pop_prefill_attention_error("cuda")
+    lens = case.seq_lens.clone()
+    lens[1] = 10**6
+    with pytest.raises(ValueError, match=r"seq_lens\[1\]"):
+        paged_prefill_attention(case.q, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q, lens,
+                                check=True)
+    cq = case.cu_seqlens_q.clone()
+    cq[1] = 99
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[1\] = 99"):
+        paged_prefill_attention(case.q, case.k_cache, case.v_cache, case.block_table, cq, case.seq_lens, check=True)
+    mask = torch.ones(3 * 20 + 5 * 5 - 1, dtype=torch.bool, device="cuda")
+    with pytest.raises(ValueError, match="custom_mask holds 84"):
+        paged_prefill_attention(*case.args(), custom_mask=mask, check=True)
+    ragged = make_ragged_case([3, 5], [4, 5], 8, 2, 64, dtype, "cuda")
+    ck = ragged.cu_seqlens_k.clone()
+    ck[2] = 4
+    with pytest.raises(ValueError, match=r"cu_seqlens_k\[2\] = 4"):
+        prefill_attention(ragged.q, ragged.k, ragged.v, ragged.cu_seqlens_q, ck, check=True)
+    assert pop_prefill_attention_error("cuda") is None
