@@ -452,20 +452,9 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
         }
       }
     }
-    // Logits in log2 units: x = s * scale (tanh-capped first with a soft cap); masked keys -inf.
-    // The row max is taken on s (scale > 0), so that p = 2^(s * scale - m) is one FFMA and exp2.
-    float sc = p.q_scale;
-    if (p.soft_cap) {
-#pragma unroll
-      for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-        for (int n = 0; n < N / 8; ++n) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) s[mb][n][c] = tanhf(s[mb][n][c] * p.q_scale) * p.logit_scale;
-        }
-      }
-      sc = 1.f;
-    }
+    // Logits in log2 units: x = s * scale (tanh-capped with a soft cap); masked keys -inf. x is
+    // rounded before the max is taken, so that x - m <= 0 exactly (an FFMA of s * scale - m
+    // would carry the product's rounding error, which overflows exp2 at huge scales).
 #pragma unroll
     for (int mb = 0; mb < kMB; ++mb) {
       float row_max[2] = {-INFINITY, -INFINITY};
@@ -474,7 +463,9 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int h = c / 2;
-          const float x = (keep_bits[mb][h] >> (2 * n + (c & 1))) & 1u ? s[mb][n][c] : -INFINITY;
+          float x = s[mb][n][c] * p.q_scale;
+          if (p.soft_cap) x = tanhf(x) * p.logit_scale;
+          x = (keep_bits[mb][h] >> (2 * n + (c & 1))) & 1u ? x : -INFINITY;
           s[mb][n][c] = x;
           row_max[h] = fmaxf(row_max[h], x);
         }
@@ -484,7 +475,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
       for (int h = 0; h < 2; ++h) {
         row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(device::kFullMask, row_max[h], 1));
         row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(device::kFullMask, row_max[h], 2));
-        const float m_new = fmaxf(m[mb][h], row_max[h] * sc);
+        const float m_new = fmaxf(m[mb][h], row_max[h]);
         m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // no key yet: everything stays 0
         rescale[h] = device::exp2_approx(m[mb][h] - m_use[h]);
         m[mb][h] = m_new;
@@ -494,7 +485,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
       for (int n = 0; n < N / 8; ++n) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          s[mb][n][c] = device::exp2_approx(fmaf(s[mb][n][c], sc, -m_use[c / 2]));
+          s[mb][n][c] = device::exp2_approx(s[mb][n][c] - m_use[c / 2]);
           l[mb][c / 2] += s[mb][n][c];
         }
       }
