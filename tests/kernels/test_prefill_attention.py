@@ -437,3 +437,7 @@ def test_cuda_bad_indices_recorded():
     with pytest.raises(ValueError, match=r"cu_seqlens_k\[2\] = 4"):
         prefill_attention(ragged.q, ragged.k, ragged.v, ragged.cu_seqlens_q, ck, check=True)
     assert pop_prefill_attention_error("cuda") is None
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-v"]))
