@@ -59,7 +59,7 @@ constexpr int kWarpsOf = D <= 128 ? 4 : 8;
 template <int D>
 constexpr int kRowBlocks = kBlockM / (16 * kWarpsOf<D>);
 template <int D>
-constexpr int kBlockN = D <= 64 ? 64 : 32;  // keys per tile (registers and shared memory)
+constexpr int kBlockN = D <= 128 ? 64 : 32;  // keys per tile (registers and shared memory at 256)
 constexpr int kStages = 2;
 constexpr int kChunk = device::kChunkElems;
 template <int D>
@@ -452,9 +452,22 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
         }
       }
     }
-    // Logits in log2 units: x = s * scale (tanh-capped with a soft cap); masked keys -inf. x is
-    // rounded before the max is taken, so that x - m <= 0 exactly (an FFMA of s * scale - m
-    // would carry the product's rounding error, which overflows exp2 at huge scales).
+    // Logits in log2 units: x = s * scale, or with a soft cap tanh(s * scale) * cap (a pass of
+    // its own, so that the tanh code stays out of the hot loop); masked keys -inf. x is rounded
+    // before the max is taken, so that x - m <= 0 exactly (an FFMA of s * scale - m would carry
+    // the product's rounding error, which overflows exp2 at huge scales).
+    float sc = p.q_scale;
+    if (p.soft_cap) {
+#pragma unroll
+      for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+        for (int n = 0; n < N / 8; ++n) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) s[mb][n][c] = tanhf(s[mb][n][c] * p.q_scale) * p.logit_scale;
+        }
+      }
+      sc = 1.f;
+    }
 #pragma unroll
     for (int mb = 0; mb < kMB; ++mb) {
       float row_max[2] = {-INFINITY, -INFINITY};
@@ -463,9 +476,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int h = c / 2;
-          float x = s[mb][n][c] * p.q_scale;
-          if (p.soft_cap) x = tanhf(x) * p.logit_scale;
-          x = (keep_bits[mb][h] >> (2 * n + (c & 1))) & 1u ? x : -INFINITY;
+          const float x = (keep_bits[mb][h] >> (2 * n + (c & 1))) & 1u ? s[mb][n][c] * sc : -INFINITY;
           s[mb][n][c] = x;
           row_max[h] = fmaxf(row_max[h], x);
         }
