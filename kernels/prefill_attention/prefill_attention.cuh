@@ -468,6 +468,18 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
       }
       sc = 1.f;
     }
+    if (masked) {  // after the cap: tanh(-inf) would be -1
+#pragma unroll
+      for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+        for (int n = 0; n < N / 8; ++n) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            if (!((keep_bits[mb][c / 2] >> (2 * n + (c & 1))) & 1u)) s[mb][n][c] = -INFINITY;
+          }
+        }
+      }
+    }
 #pragma unroll
     for (int mb = 0; mb < kMB; ++mb) {
       float row_max[2] = {-INFINITY, -INFINITY};
@@ -476,7 +488,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int h = c / 2;
-          const float x = (keep_bits[mb][h] >> (2 * n + (c & 1))) & 1u ? s[mb][n][c] * sc : -INFINITY;
+          const float x = s[mb][n][c] * sc;
           s[mb][n][c] = x;
           row_max[h] = fmaxf(row_max[h], x);
         }
