@@ -41,10 +41,10 @@ struct Problem {
   mllm_kernel::prefill_attention::PrefillArgs args;
 };
 
-// Scratch floats per worker: q, o [rows, D], m, l [rows], logits [rows, kChunk], K, V [kChunk, D].
+// Scratch floats per worker: q, o [rows, D], m, l, alpha [rows], logits [rows, kChunk], K, V [kChunk, D].
 inline constexpr size_t ScratchFloats(size_t group, size_t head_dim) {
   const size_t rows = static_cast<size_t>(kQueryBlock) * group;
-  return 2 * rows * head_dim + 2 * rows + rows * kChunk + 2 * kChunk * head_dim;
+  return 2 * rows * head_dim + 3 * rows + rows * kChunk + 2 * kChunk * head_dim;
 }
 
 }  // namespace mllm_kernel::cpu::prefill_attention_detail
@@ -73,31 +73,71 @@ using mllm_kernel::cpu::prefill_attention_detail::RequestRows;
 using DF = hn::CappedTag<float, 16>;
 using VF = hn::Vec<DF>;
 
-// s[t] = dot(q, k_t) for the chunk's n keys (rows of k, d apart), four keys per pass.
-HWY_INLINE void Logits(const float* HWY_RESTRICT q, const float* HWY_RESTRICT k, size_t n, size_t d,
-                       float* HWY_RESTRICT s) {
+// s[r * kChunk + t] = dot(q_r, k_t) for `rows` rows of q (d apart) and the chunk's n keys (rows
+// of k, d apart). Register tiles of 4 rows x 2 keys: 8 independent FMA chains and 6 loads per 8
+// FMAs, one horizontal sum per dot product. (Tiles are named variables, not arrays: SVE/RVV
+// vectors cannot be array elements.)
+HWY_INLINE void Logits4x2(const float* HWY_RESTRICT q, const float* HWY_RESTRICT k, size_t d, float* HWY_RESTRICT s) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  VF a00 = hn::Zero(df), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+  for (size_t i = 0; i < d; i += N) {
+    const VF k0 = hn::LoadU(df, k + i), k1 = hn::LoadU(df, k + d + i);
+    const VF q0 = hn::LoadU(df, q + i), q1 = hn::LoadU(df, q + d + i);
+    const VF q2 = hn::LoadU(df, q + 2 * d + i), q3 = hn::LoadU(df, q + 3 * d + i);
+    a00 = hn::MulAdd(q0, k0, a00);
+    a01 = hn::MulAdd(q0, k1, a01);
+    a10 = hn::MulAdd(q1, k0, a10);
+    a11 = hn::MulAdd(q1, k1, a11);
+    a20 = hn::MulAdd(q2, k0, a20);
+    a21 = hn::MulAdd(q2, k1, a21);
+    a30 = hn::MulAdd(q3, k0, a30);
+    a31 = hn::MulAdd(q3, k1, a31);
+  }
+  s[0] = hn::ReduceSum(df, a00);
+  s[1] = hn::ReduceSum(df, a01);
+  s[kChunk] = hn::ReduceSum(df, a10);
+  s[kChunk + 1] = hn::ReduceSum(df, a11);
+  s[2 * kChunk] = hn::ReduceSum(df, a20);
+  s[2 * kChunk + 1] = hn::ReduceSum(df, a21);
+  s[3 * kChunk] = hn::ReduceSum(df, a30);
+  s[3 * kChunk + 1] = hn::ReduceSum(df, a31);
+}
+
+// One row against up to `n` keys, two at a time (two FMA chains).
+HWY_INLINE void LogitsRow(const float* HWY_RESTRICT q, const float* HWY_RESTRICT k, size_t n, size_t d,
+                          float* HWY_RESTRICT s) {
   const DF df;
   const size_t N = hn::Lanes(df);
   size_t t = 0;
-  for (; t + 4 <= n; t += 4) {
-    VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+  for (; t + 2 <= n; t += 2) {
+    VF a0 = hn::Zero(df), a1 = a0;
     for (size_t i = 0; i < d; i += N) {
       const VF qv = hn::LoadU(df, q + i);
       a0 = hn::MulAdd(qv, hn::LoadU(df, k + t * d + i), a0);
       a1 = hn::MulAdd(qv, hn::LoadU(df, k + (t + 1) * d + i), a1);
-      a2 = hn::MulAdd(qv, hn::LoadU(df, k + (t + 2) * d + i), a2);
-      a3 = hn::MulAdd(qv, hn::LoadU(df, k + (t + 3) * d + i), a3);
     }
     s[t] = hn::ReduceSum(df, a0);
     s[t + 1] = hn::ReduceSum(df, a1);
-    s[t + 2] = hn::ReduceSum(df, a2);
-    s[t + 3] = hn::ReduceSum(df, a3);
   }
-  for (; t < n; ++t) {
+  if (t < n) {
     VF a = hn::Zero(df);
     for (size_t i = 0; i < d; i += N) a = hn::MulAdd(hn::LoadU(df, q + i), hn::LoadU(df, k + t * d + i), a);
     s[t] = hn::ReduceSum(df, a);
   }
+}
+
+HWY_INLINE void Logits(const float* HWY_RESTRICT q, size_t rows, const float* HWY_RESTRICT k, size_t n, size_t d,
+                       float* HWY_RESTRICT s) {
+  size_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    size_t t = 0;
+    for (; t + 2 <= n; t += 2) Logits4x2(q + r * d, k + t * d, d, s + r * kChunk + t);
+    if (t < n) {
+      for (size_t rr = r; rr < r + 4; ++rr) LogitsRow(q + rr * d, k + t * d, n - t, d, s + rr * kChunk + t);
+    }
+  }
+  for (; r < rows; ++r) LogitsRow(q + r * d, k, n, d, s + r * kChunk);
 }
 
 // The online-softmax step of one row over kChunk logits (-inf where masked or past the keys),
@@ -126,22 +166,65 @@ HWY_INLINE float SoftmaxStep(float* HWY_RESTRICT s, float& m, float& l) {
   return alpha;
 }
 
-// o = o * alpha + sum_{t < n} p[t] v_t (rows of v, d apart).
-HWY_INLINE void Accumulate(float* HWY_RESTRICT o, float alpha, const float* HWY_RESTRICT p,
-                           const float* HWY_RESTRICT v, size_t n, size_t d) {
+// o_r = o_r * alpha_r + sum_{t < n} p[r * kChunk + t] v_t for 4 rows of o (d apart), 2 vectors
+// of d per pass: 8 accumulators share each V load.
+HWY_INLINE void Accumulate4(float* HWY_RESTRICT o, const float* HWY_RESTRICT alpha, const float* HWY_RESTRICT p,
+                            const float* HWY_RESTRICT v, size_t n, size_t d) {
   const DF df;
   const size_t N = hn::Lanes(df);
-  const VF va = hn::Set(df, alpha);
+  const VF w0 = hn::Set(df, alpha[0]), w1 = hn::Set(df, alpha[1]), w2 = hn::Set(df, alpha[2]), w3 = hn::Set(df, alpha[3]);
   for (size_t i = 0; i < d; i += 2 * N) {
-    VF a0 = hn::Mul(hn::LoadU(df, o + i), va), a1 = hn::Mul(hn::LoadU(df, o + i + N), va);
+    VF a0 = hn::Mul(hn::LoadU(df, o + i), w0), b0 = hn::Mul(hn::LoadU(df, o + i + N), w0);
+    VF a1 = hn::Mul(hn::LoadU(df, o + d + i), w1), b1 = hn::Mul(hn::LoadU(df, o + d + i + N), w1);
+    VF a2 = hn::Mul(hn::LoadU(df, o + 2 * d + i), w2), b2 = hn::Mul(hn::LoadU(df, o + 2 * d + i + N), w2);
+    VF a3 = hn::Mul(hn::LoadU(df, o + 3 * d + i), w3), b3 = hn::Mul(hn::LoadU(df, o + 3 * d + i + N), w3);
     for (size_t t = 0; t < n; ++t) {
-      const VF pv = hn::Set(df, p[t]);
-      a0 = hn::MulAdd(pv, hn::LoadU(df, v + t * d + i), a0);
-      a1 = hn::MulAdd(pv, hn::LoadU(df, v + t * d + i + N), a1);
+      const VF v0 = hn::LoadU(df, v + t * d + i), v1 = hn::LoadU(df, v + t * d + i + N);
+      const VF p0 = hn::Set(df, p[t]), p1 = hn::Set(df, p[kChunk + t]);
+      const VF p2 = hn::Set(df, p[2 * kChunk + t]), p3 = hn::Set(df, p[3 * kChunk + t]);
+      a0 = hn::MulAdd(p0, v0, a0);
+      b0 = hn::MulAdd(p0, v1, b0);
+      a1 = hn::MulAdd(p1, v0, a1);
+      b1 = hn::MulAdd(p1, v1, b1);
+      a2 = hn::MulAdd(p2, v0, a2);
+      b2 = hn::MulAdd(p2, v1, b2);
+      a3 = hn::MulAdd(p3, v0, a3);
+      b3 = hn::MulAdd(p3, v1, b3);
     }
     hn::StoreU(a0, df, o + i);
-    hn::StoreU(a1, df, o + i + N);
+    hn::StoreU(b0, df, o + i + N);
+    hn::StoreU(a1, df, o + d + i);
+    hn::StoreU(b1, df, o + d + i + N);
+    hn::StoreU(a2, df, o + 2 * d + i);
+    hn::StoreU(b2, df, o + 2 * d + i + N);
+    hn::StoreU(a3, df, o + 3 * d + i);
+    hn::StoreU(b3, df, o + 3 * d + i + N);
   }
+}
+
+// The same for one row.
+HWY_INLINE void Accumulate1(float* HWY_RESTRICT o, float alpha, const float* HWY_RESTRICT p,
+                            const float* HWY_RESTRICT v, size_t n, size_t d) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const VF w = hn::Set(df, alpha);
+  for (size_t i = 0; i < d; i += 2 * N) {
+    VF a = hn::Mul(hn::LoadU(df, o + i), w), b = hn::Mul(hn::LoadU(df, o + i + N), w);
+    for (size_t t = 0; t < n; ++t) {
+      const VF pv = hn::Set(df, p[t]);
+      a = hn::MulAdd(pv, hn::LoadU(df, v + t * d + i), a);
+      b = hn::MulAdd(pv, hn::LoadU(df, v + t * d + i + N), b);
+    }
+    hn::StoreU(a, df, o + i);
+    hn::StoreU(b, df, o + i + N);
+  }
+}
+
+HWY_INLINE void Accumulate(float* HWY_RESTRICT o, size_t rows, const float* HWY_RESTRICT alpha,
+                           const float* HWY_RESTRICT p, const float* HWY_RESTRICT v, size_t n, size_t d) {
+  size_t r = 0;
+  for (; r + 4 <= rows; r += 4) Accumulate4(o + r * d, alpha + r, p + r * kChunk, v, n, d);
+  for (; r < rows; ++r) Accumulate1(o + r * d, alpha[r], p + r * kChunk, v, n, d);
 }
 
 // Work item `item` = (request b, kv head, query block); the caller validated every index.
@@ -167,6 +250,7 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
   float* s = l + rows;              // [rows, kChunk] logits, then probabilities
   float* kf = s + rows * kChunk;    // [kChunk, d] the chunk's keys
   float* vf = kf + kChunk * d;      // [kChunk, d] and values
+  float* alpha = vf + kChunk * d;   // [rows] this chunk's rescale factors
 
   const float cap = a.soft_cap;
   const VF vscale = hn::Set(df, cap > 0.0f ? a.scale / cap : a.scale);
@@ -206,9 +290,9 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
         hn::StoreU(LoadF32(df, vrow + i), df, vf + t * d + i);
       }
     }
+    Logits(qf, rows, kf, n, d, s);
     for (size_t r = 0; r < rows; ++r) {
       float* sr = s + r * kChunk;
-      Logits(qf + r * d, kf, n, d, sr);
       const int64_t j = j0 + static_cast<int64_t>(r / group), pos = j + shift;
       for (size_t t = 0; t < kChunk; ++t) {
         const int64_t key = c0 + static_cast<int64_t>(t);
@@ -222,9 +306,9 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
           sr[t] = cap * std::tanh(sr[t]);
         }
       }
-      const float alpha = SoftmaxStep(sr, m[r], l[r]);
-      Accumulate(o + r * d, alpha, sr, vf, n, d);
+      alpha[r] = SoftmaxStep(sr, m[r], l[r]);
     }
+    Accumulate(o, rows, alpha, s, vf, n, d);
   }
 
   for (size_t r = 0; r < rows; ++r) {
