@@ -294,16 +294,21 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
     for (size_t r = 0; r < rows; ++r) {
       float* sr = s + r * kChunk;
       const int64_t j = j0 + static_cast<int64_t>(r / group), pos = j + shift;
-      for (size_t t = 0; t < kChunk; ++t) {
-        const int64_t key = c0 + static_cast<int64_t>(t);
-        bool keep = t < n;
-        if (keep && pr.mask != nullptr) keep = pr.mask[rq.mask_offset + j * rq.len_k + key] != 0;
-        if (keep && upper) keep = key <= pos;
-        if (keep && a.window > 0) keep = key > pos - a.window;
-        if (!keep) {
-          sr[t] = kNegInf;
-        } else if (cap > 0.0f) {
-          sr[t] = cap * std::tanh(sr[t]);
+      const int64_t last = c0 + static_cast<int64_t>(kChunk) - 1;
+      // A chunk whose keys all pass this row's rules needs no per-key test.
+      const bool whole = n == kChunk && pr.mask == nullptr && (!upper || last <= pos) &&
+                         (a.window <= 0 || c0 > pos - a.window);
+      if (cap > 0.0f) {  // before the masks: cap * tanh(-inf) would be -cap
+        for (size_t t = 0; t < n; ++t) sr[t] = cap * std::tanh(sr[t]);
+      }
+      if (!whole) {
+        for (size_t t = 0; t < kChunk; ++t) {
+          const int64_t key = c0 + static_cast<int64_t>(t);
+          bool keep = t < n;
+          if (keep && pr.mask != nullptr) keep = pr.mask[rq.mask_offset + j * rq.len_k + key] != 0;
+          if (keep && upper) keep = key <= pos;
+          if (keep && a.window > 0) keep = key > pos - a.window;
+          if (!keep) sr[t] = kNegInf;
         }
       }
       alpha[r] = SoftmaxStep(sr, m[r], l[r]);
