@@ -27,7 +27,6 @@
 #include "decode_attention.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -532,26 +531,11 @@ __global__ void MergeStatesKernel(T* v, float* lse, const T* v_a, const float* l
 
 // ---------------------------------------------------------------------------- launch
 
-// A hint for the largest shared-memory carveout (several CTAs of up to 100 KiB per SM), set once
-// per kernel and device; a failure only costs occupancy.
-template <typename Kernel>
-void PreferSharedMemory(Kernel kernel, int device) {
-  constexpr int kMaxCachedDevices = 64;
-  static std::atomic<bool> done[kMaxCachedDevices] = {};
-  if (device < 0 || device >= kMaxCachedDevices || done[device].load(std::memory_order_relaxed)) return;
-  tvm::ffi::CUDADeviceGuard guard(device);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                           cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
-    cudaGetLastError();  // ours: clear it so no later check reports it
-  }
-  done[device].store(true, std::memory_order_relaxed);
-}
-
 template <typename T, typename KV, int D, int kWarps>
 void LaunchDecode(DecodeParams<T, KV>& p, DLDevice device, int batch) {
   constexpr bool kFp8 = sizeof(KV) == 1;
   auto kernel = DecodeKernel<T, KV, D, kWarps>;
-  PreferSharedMemory(kernel, device.device_id);
+  host::PreferMaxSharedMemoryCarveout(kernel, device.device_id);
   p.head_chunks = (p.group + kRows - 1) / kRows;
   const dim3 grid(p.num_splits, p.num_kv_heads * p.head_chunks, batch);
   host::LaunchKernel(grid, kWarps * 32, device, kSmemBytes<D, kWarps, kFp8>).enable_pdl(true)(kernel, p);

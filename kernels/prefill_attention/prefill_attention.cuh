@@ -29,7 +29,6 @@
 #include "prefill_attention.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -579,19 +578,6 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
 
 // ---------------------------------------------------------------------------- launch
 
-template <typename Kernel>
-void PreferSharedMemory(Kernel kernel, int device) {
-  constexpr int kMaxCachedDevices = 64;
-  static std::atomic<bool> done[kMaxCachedDevices] = {};
-  if (device < 0 || device >= kMaxCachedDevices || done[device].load(std::memory_order_relaxed)) return;
-  tvm::ffi::CUDADeviceGuard guard(device);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
-      cudaSuccess) {
-    cudaGetLastError();  // only costs occupancy
-  }
-  done[device].store(true, std::memory_order_relaxed);
-}
-
 template <typename T, int D, bool kPaged>
 void LaunchPrefill(const PrefillParams<T>& p, DLDevice device) {
   const int64_t limit = host::MaxSharedMemoryPerBlock(device.device_id);
@@ -599,7 +585,7 @@ void LaunchPrefill(const PrefillParams<T>& p, DLDevice device) {
                    " needs ", kSmemBytes<D>, " bytes of shared memory per block; cuda:", device.device_id, " offers ",
                    limit);
   auto kernel = PrefillKernel<T, D, kPaged>;
-  PreferSharedMemory(kernel, device.device_id);
+  host::PreferMaxSharedMemoryCarveout(kernel, device.device_id);
   host::LaunchKernel(1, kPlanThreads, device).enable_pdl(true)(PlanKernel<T>, p);
   host::LaunchKernel(dim3(p.max_work, p.num_heads), kWarpsOf<D> * 32, device, kSmemBytes<D>).enable_pdl(true)(kernel, p);
 }

@@ -90,6 +90,24 @@ inline int64_t MaxSharedMemoryPerBlock(int device) {
 }
 
 /*!
+ * \brief Asks for the largest shared-memory carveout for \p kernel on \p device (kernels whose
+ *        CTAs use tens of KiB, so that several fit an SM), once per kernel and device; a
+ *        refusal only costs occupancy and is cleared.
+ */
+template <typename Kernel>
+void PreferMaxSharedMemoryCarveout(Kernel kernel, int device) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<bool> done[kMaxCachedDevices] = {};
+  if (device < 0 || device >= kMaxCachedDevices || done[device].load(std::memory_order_relaxed)) return;
+  tvm::ffi::CUDADeviceGuard guard(device);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
+      cudaSuccess) {
+    cudaGetLastError();  // ours: clear it so no later check reports it
+  }
+  done[device].store(true, std::memory_order_relaxed);
+}
+
+/*!
  * \brief Launches a kernel on torch's current stream of \p device (via TVMFFIEnvGetStream),
  *        with that device made current, and turns launch errors into RuntimeError.
  */
