@@ -23,7 +23,7 @@
 #define MLLM_KERNEL_PREFILL_ATTENTION_ITEMS_
 namespace mllm_kernel::cpu::prefill_attention_detail {
 
-inline constexpr int64_t kQueryBlock = 4;  // queries per work item
+inline constexpr int64_t kQueryBlock = 16;  // queries per work item
 inline constexpr size_t kChunk = 16;       // keys per online-softmax step
 
 /*! \brief One request's clamped-free (validated) geometry and where its keys live. */
