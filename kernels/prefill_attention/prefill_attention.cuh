@@ -11,10 +11,12 @@
  *    list: one item per (request, tile of kBlockM queries), the longest requests first and the
  *    heaviest (last, under a causal mask) tile of each first, so that long items do not end up
  *    in the last wave.
- *  - PrefillKernel: one CTA per (work item, query head). Its 4 warps own 16 query rows each; the
- *    CTA streams the K and V tiles of the keys its rows can see (kBlockN keys, two stages in
- *    flight through cp.async) and each warp computes S = Q K^T and O += P V with m16n8k16
- *    products and an online softmax in log2 units.
+ *  - PrefillKernel: one CTA per (work item, query head). Its warps own 32 query rows each (16 at
+ *    head_dim 256, with twice the warps); the CTA streams the K and V tiles of the keys its rows
+ *    can see (kBlockN keys, two stages in flight through cp.async) and each warp computes
+ *    S = Q K^T and O += P V with m16n8k16 products and an online softmax in log2 units. Tiles
+ *    that cross no mask edge (causal diagonal, window, end of the keys, a bad block, a custom
+ *    mask) skip the per-key mask.
  *
  * Bad indices never reach memory: prefix sums and seq_lens are clamped, a bad block id masks its
  * keys and a missing custom_mask entry reads as 0; the first offender is recorded in `error`
