@@ -6,7 +6,9 @@ Layout inside the wheel (what mllm_kernel/jit_utils/config.py looks for):
   mllm_kernel/include/mllm_kernel/...  our C++ headers (config.include_root)
   mllm_kernel/_vendor/highway/...      Highway headers, runtime sources, LICENSE (config.highway_root)
   mllm_kernel/_prebuilt/manifest.json  one manifest merging every kernel's :prebuilt tree, whose
-  mllm_kernel/_prebuilt/<op>/...       module.so files are copied (nothing else of the trees)
+  mllm_kernel/_prebuilt/<op>/...       module.so files are copied (nothing else of the trees);
+                                       _prebuilt/runtime/ holds mllm_kernel.runtime's driver module
+  mllm_kernel/runtime/*.fatbin         cubins built by cuda_cubin (runtime/prebuilt_kernels.py)
 
 The platform tag depends on the glibc the prebuilt modules need, known only once they are built,
 so the output is a directory: bazel-bin/<name>/mllm_kernel-<version>-py3-none-<platform>.whl.
@@ -110,10 +112,14 @@ def mllm_kernel_wheel(name, kernels, version, license = "UNKNOWN", visibility = 
     )
     _mllm_kernel_wheel(
         name = name,
-        py_libs = ["//mllm_kernel"] + ["//kernels/%s" % op for op in kernels],
-        data = ["//include:jit_files"] + ["//kernels/%s:sources" % op for op in kernels],
+        py_libs = ["//mllm_kernel", "//mllm_kernel/runtime"] + ["//kernels/%s" % op for op in kernels],
+        data = [
+            "//include:jit_files",
+            "//mllm_kernel/runtime:sources",
+            "//mllm_kernel/runtime:prebuilt_kernels",
+        ] + ["//kernels/%s:sources" % op for op in kernels],
         highway = ["@highway//:jit_files"],
-        prebuilt = ["//kernels/%s:prebuilt" % op for op in kernels],
+        prebuilt = ["//mllm_kernel/runtime:prebuilt"] + ["//kernels/%s:prebuilt" % op for op in kernels],
         version = version,
         license = license,
         builder = ":%s_builder" % name,

@@ -3,6 +3,7 @@
 cuda_library compiles .cu sources with nvcc for the arch list in //tools/cuda:archs and returns a
 CcInfo (an alwayslink static library), so cc_library / cc_binary link it like any C++ code.
 cuda_shared_module links such a library into a shared module loadable by tvm_ffi.load_module.
+cuda_cubin compiles one .cu source to a fatbin (a cubin per arch) for mllm_kernel.runtime.load_cubin.
 """
 
 load("@bazel_skylib//rules:common_settings.bzl", "BuildSettingInfo")
@@ -139,3 +140,50 @@ def cuda_shared_module(name, srcs, hdrs = [], deps = [], copts = [], visibility 
         visibility = visibility,
         **kwargs
     )
+
+def _cuda_cubin_impl(ctx):
+    cc_toolchain = find_cpp_toolchain(ctx)
+    archs = ctx.attr._archs[BuildSettingInfo].value
+    out = ctx.actions.declare_file(ctx.label.name + ".fatbin")
+    arguments = [
+        "-ccbin",
+        cc_toolchain.compiler_executable,
+        "-fatbin",
+        "-O3",
+        "-I",
+        ".",
+    ] + gencode_flags(archs) + ctx.attr.copts + [ctx.file.src.path, "-o", out.path]
+    ctx.actions.run(
+        executable = ctx.executable._nvcc,
+        arguments = arguments,
+        inputs = depset([ctx.file.src] + ctx.files.hdrs, transitive = [cc_toolchain.all_files]),
+        tools = ctx.files._toolkit,
+        outputs = [out],
+        mnemonic = "CudaCubin",
+        progress_message = "Compiling cubins of %{input} for " + ",".join(archs),
+        env = {"PATH": "/usr/bin:/bin"},
+    )
+    return [DefaultInfo(files = depset([out]))]
+
+cuda_cubin = rule(
+    implementation = _cuda_cubin_impl,
+    doc = """<name>.fatbin: the kernels of one .cu source as machine code for every configured arch
+(//tools/cuda:archs; compute_XX entries embed PTX). mllm_kernel.runtime.load_cubin launches them
+through the driver API alone: no compiler, no CUDA runtime.""",
+    attrs = {
+        "src": attr.label(allow_single_file = [".cu"], mandatory = True),
+        "hdrs": attr.label_list(allow_files = [".cuh", ".h", ".hpp"]),
+        "copts": attr.string_list(),
+        "_archs": attr.label(default = "//tools/cuda:archs"),
+        "_nvcc": attr.label(
+            default = "@cuda_toolkit//:nvidia/cu13/bin/nvcc",
+            executable = True,
+            cfg = "exec",
+            allow_single_file = True,
+        ),
+        "_toolkit": attr.label(default = "@cuda_toolkit//:compiler_files", cfg = "exec"),
+        "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
+    },
+    fragments = ["cpp"],
+    toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
+)

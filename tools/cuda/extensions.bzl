@@ -13,6 +13,8 @@ CUDA_WHEELS = [
     ("nvidia-cuda-crt", "13.0.88", "2c8043c7c9e02492716426e9919fc78d2c5b3b2a7a768a88e952676b08aa55a4"),
     ("nvidia-cuda-runtime", "13.0.96", "7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548"),
     ("nvidia-cuda-cccl", "13.0.85", "e0da7ad981f3a8aff08241b5bfc1af868742a63e2762f53a5171c492ef242649"),
+    # NVRTC: mllm_kernel.runtime's compiler where no nvcc exists; tests compile through it.
+    ("nvidia-cuda-nvrtc", "13.0.88", "ad9b6d2ead2435f11cbb6868809d2adeeee302e9bb94bcf0539c7a40d80e8575"),
     # A reader only (no 13.0 wheel exists); it reads 13.0 fat binaries. Tests use it to list the
     # architectures embedded in built modules.
     ("nvidia-cuda-cuobjdump", "13.2.51", "95c69d3ddf0c2c1f535ec44c3433a66aeee19f588d9d22f73356e20b25f12b50"),
@@ -54,7 +56,8 @@ def _cuda_toolkit_repo_impl(rctx):
 
     # unzip keeps the exec bits (Python's zipfile drops them).
     for whl in rctx.path("wheels").readdir():
-        _run(rctx, [unzip, "-q", "-o", str(whl), "nvidia/*", "-d", "."], "unzip " + whl.basename)
+        # (NVRTC's ".alt" libraries are an alternative build nobody here loads: 110 MB skipped.)
+        _run(rctx, [unzip, "-q", "-o", str(whl), "nvidia/*", "-x", "*.alt.*", "-d", "."], "unzip " + whl.basename)
     rctx.delete("wheels")
     root = "nvidia/cu13"
 
