@@ -111,6 +111,9 @@ class JitSpec:
     extra_cuda_cflags: tuple[str, ...] = ()
     extra_ldflags: tuple[str, ...] = ()
     extra_include_paths: tuple[str, ...] = ()
+    # CPU modules link Highway's runtime and export the SIMD-target switch (simd_targets.hpp);
+    # False: a plain C++ module (mllm_kernel.runtime's driver calls), which skips all of Highway.
+    highway: bool = True
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -141,7 +144,7 @@ class JitSpec:
         paths += [Path(os.path.abspath(p)) for p in self.extra_include_paths]
         paths += [source.parent for source in self.sources()]
         paths += tvm_includes
-        if self.device == "cpu":
+        if self.uses_highway:
             paths.append(config.highway_root())
         elif self.cpp_wrappers and with_toolkit:
             paths += compile.cuda_toolkit_includes(config.nvcc_compiler())
@@ -153,16 +156,20 @@ class JitSpec:
         if self.cuda_files or self.cuda_wrappers:
             units.append(WrapperUnit(".cu", self.cuda_files, self.cuda_wrappers, False))
         if self.cpp_files or self.cpp_wrappers:
-            units.append(WrapperUnit(".cc", self.cpp_files, self.cpp_wrappers, self.device == "cpu"))
+            units.append(WrapperUnit(".cc", self.cpp_files, self.cpp_wrappers, self.uses_highway))
         if not units:
             raise ValueError(f"module {self.name!r} has no sources and no wrappers")
         return units
 
     def extra_sources(self) -> list[Path]:
         """Translation units compiled besides the wrappers: Highway's runtime for CPU modules."""
-        if self.device != "cpu":
+        if not self.uses_highway:
             return []
         return [config.highway_root() / name for name in HIGHWAY_RUNTIME_SOURCES]
+
+    @property
+    def uses_highway(self) -> bool:
+        return self.device == "cpu" and self.highway
 
     def flags(self, archs: Sequence[compile.CudaArch] = ()) -> dict[str, list[str]]:
         flags = {
@@ -197,8 +204,10 @@ class JitSpec:
             (f"wrapper{unit.suffix}", render_wrapper([os.path.basename(f) for f in unit.files], unit.exports, unit.simd_exports))
             for unit in self.wrapper_units()
         ]
+        if not self.highway:
+            texts.append(("highway", "no"))  # (only when off: keys of existing modules stay as they are)
         sources = self.sources() + self.extra_sources()
-        if self.device == "cpu":
+        if self.uses_highway:
             sources.append(config.include_root() / SIMD_TARGETS_HEADER)  # included by the wrapper
         return compute_key(sources=sources, include_paths=self.include_paths(with_toolkit=False), texts=texts)
 

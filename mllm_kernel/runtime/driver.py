@@ -14,14 +14,15 @@ from mllm_kernel.jit_utils import JitSpec
 
 _FOLDER = Path(os.path.abspath(__file__)).parent  # not resolve(): under Bazel, stay in runfiles
 
-# (export name, C++ function) of driver.cpp
+# (export name, C++ function) of driver.cpp. (Not `get_function` & co.: tvm-ffi's Module has
+# methods of its own under such names, which would shadow the exports.)
 _FUNCTIONS = {
     "driver_version": "DriverVersion",
     "primary_context": "PrimaryContext",
     "device_attribute": "DeviceAttribute",
-    "load_module": "LoadModule",
-    "unload_module": "UnloadModule",
-    "get_function": "GetFunction",
+    "module_load": "LoadModule",
+    "module_unload": "UnloadModule",
+    "module_function": "GetFunction",
     "function_attribute": "FunctionAttribute",
     "set_function_attribute": "SetFunctionAttribute",
     "param_info": "ParamInfo",
@@ -35,6 +36,7 @@ SPEC = JitSpec(
     cpp_files=(str(_FOLDER / "driver.cpp"),),
     cpp_wrappers=tuple((export, f"mllm_kernel::runtime::{symbol}") for export, symbol in _FUNCTIONS.items()),
     extra_ldflags=("-ldl",),
+    highway=False,  # plain C++: loading it hashes no Highway headers
 )
 SPECS = [SPEC]  # what the wheel prebuilds (tools/kernel.bzl's prebuilt_modules)
 
@@ -50,7 +52,11 @@ DEVICE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 
 @functools.cache
 def module() -> Any:
-    return SPEC.load()
+    loaded = SPEC.load()
+    # A launch is a few microseconds: keep the GIL instead of releasing and retaking it (as
+    # CuPy's launches do). Calls that wait (module loads, synchronize) still release it.
+    loaded.launch.release_gil = False
+    return loaded
 
 
 _contexts: dict[int, int] = {}

@@ -83,17 +83,22 @@ _INT_RANGES = {"b": (-(2**7), 2**7 - 1), "B": (0, 2**8 - 1), "h": (-(2**15), 2**
 
 class _Record:
     """One thread's launch record: a buffer with the head and argument values at fixed offsets,
-    followed by the kernelParams array (written once: it points at the values)."""
+    followed by the kernelParams array (written once: it points at the values). Between launches
+    the head holds the kernel's default configuration, so a default launch packs only the stream
+    and the values."""
 
-    def __init__(self, layout: str, value_offsets: Sequence[int]) -> None:
-        self.layout = layout
+    def __init__(self, layout: str, value_offsets: Sequence[int], default_head: Sequence[int]) -> None:
         size = struct.calcsize(layout)
-        params_offset = (size + 7) // 8 * 8
-        self.buffer = bytearray(params_offset + 8 * max(1, len(value_offsets)))
+        self.params_offset = (size + 7) // 8 * 8
+        self.buffer = bytearray(self.params_offset + 8 * max(1, len(value_offsets)))
         self.address = ctypes.addressof((ctypes.c_char * len(self.buffer)).from_buffer(self.buffer))
-        self.params_offset = params_offset
         pointers = [self.address + offset for offset in value_offsets]
-        struct.pack_into(f"={len(pointers)}Q", self.buffer, params_offset, *pointers)
+        struct.pack_into(f"={len(pointers)}Q", self.buffer, self.params_offset, *pointers)
+        self.pack_head(default_head)
+
+    def pack_head(self, head: Sequence[int]) -> None:
+        """grid[3] block[3] shared_mem cluster[3] (the params offset and padding follow)."""
+        struct.pack_into("=12I", self.buffer, 0, *head, self.params_offset, 0)
 
 
 class CompiledKernel:
@@ -117,6 +122,7 @@ class CompiledKernel:
         self._load_lock = threading.Lock()
         self._local = threading.local()
         self._prepare(params)
+        self._make_fast_path()
 
     # ------------------------------------------------------------------ argument conversion
 
@@ -171,6 +177,7 @@ class CompiledKernel:
             position += struct.calcsize("=" + fmt)
         self._infos = [size if kind == _OPAQUE else info for kind, info, size in zip(self._kinds, self._infos, sizes)]
         self._layout, self._offsets, self._packer = layout, offsets, struct.Struct(layout)
+        self._local = threading.local()  # records of the old layout are stale
 
     @staticmethod
     def _layout_fmt(param: Param) -> str:
@@ -236,21 +243,22 @@ class CompiledKernel:
                 return found
             api = driver.module()
             context = driver.primary_context(device)
-            module = api.load_module(context, self.cubin)
+            module = api.module_load(context, self.cubin)
             try:
-                function = api.get_function(context, module, self.name)
+                function = api.module_function(context, module, self.name)
             except RuntimeError as error:
-                api.unload_module(context, module)
+                api.module_unload(context, module)
                 raise RuntimeError(f"{self.name}: the cubin has no kernel of that name ({error})") from None
             self._check_params(api, function)
             self._dynamic_limit[device] = _DEFAULT_DYNAMIC_SHARED - api.function_attribute(function, driver.FUNC_SHARED_SIZE_BYTES)
+            self._launch = api.launch  # looked up once: the hot path calls it directly
             self._functions[device] = (context, function)
             return context, function
 
     def _check_params(self, api: Any, function: int) -> None:
         """The driver's parameter sizes against the declaration's (when the driver can tell)."""
         infos = []
-        for index in range(len(self.params) + 1):
+        for index in range(4096):  # until the driver says past the end (an expected API error)
             info = api.param_info(function, index)
             if info == -2:
                 if _OPAQUE in self._kinds:
@@ -325,16 +333,86 @@ class CompiledKernel:
         api.set_function_attribute(context, function, driver.FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, wanted)
         self._dynamic_limit[device] = wanted
 
+    def _make_fast_path(self) -> None:
+        """self._fast(args): a launch specialized to this signature for the common case (torch CUDA
+        tensors of the declared dtype, Python scalars in range, default launch options, the
+        function already loaded on the tensors' device). Generated as straight-line code, one
+        check per parameter, like Triton's launchers; anything else takes _launch_general."""
+        general = lambda args: self._launch_general(args)  # noqa: E731
+        pointers = [i for i, kind in enumerate(self._kinds) if kind == _POINTER]
+        if _OPAQUE in self._kinds or not pointers or _get_raw_stream is None:
+            self._fast = general
+            return
+        names = [f"a{i}" for i in range(len(self.params))]
+        env: dict[str, Any] = {"Tensor": torch.Tensor, "general": general, "kernel": self, "bf16": _bf16_bits,
+                               "raw_stream": _get_raw_stream, "functions": self._functions,
+                               "limits": self._dynamic_limit, "local": self._local}  # fmt: skip
+        checks, values, aligned = [], [], []
+        for i, (kind, info) in enumerate(zip(self._kinds, self._infos)):
+            a = names[i]
+            if kind == _POINTER:
+                checks.append(f"{a}.__class__ is Tensor and {a}.is_cuda")
+                if info[0] is not None and len(info[0]) == 1:
+                    (env[f"D{i}"],) = info[0]
+                    checks.append(f"{a}.dtype is D{i}")
+                elif info[0] is not None:
+                    env[f"S{i}"] = frozenset(info[0])
+                    checks.append(f"{a}.dtype in S{i}")
+                values.append(f"p{i}")
+                if info[2]:
+                    aligned.append(f"not p{i} & {info[2]}")
+            else:
+                _, scalar_kind, python_type, low, high = info
+                env[f"T{i}"], env[f"L{i}"], env[f"H{i}"] = python_type, low, high
+                checks.append(f"{a}.__class__ is T{i}" + ("" if python_type is bool else f" and L{i} <= {a} <= H{i}"))
+                values.append(f"bf16({a})" if kind == _BF16 else a)
+        same_device = [f"{names[i]}.get_device() == device" for i in pointers[1:]]
+        tail_layout = "=Q" + self._layout[len("=" + RECORD_HEAD):]
+        env["pack"] = struct.Struct(tail_layout).pack_into
+        lines = [
+            "def fast(args):",
+            f"    if len(args) == {len(names)}:",
+            f"        {', '.join(names)}, = args",
+            f"        if {' and '.join(checks)}:",
+            f"            device = {names[pointers[0]]}.get_device()",
+            f"            if {' and '.join(same_device + ['functions.get(device) is not None'])}:",
+            *[f"                p{i} = {names[i]}.data_ptr()" for i in pointers],
+            "                record = getattr(local, 'record', None)",
+            f"                if {' and '.join(['record is not None'] + aligned + ([f'limits[device] >= {self.shared_mem_bytes}'] if self.shared_mem_bytes else []))}:",
+            f"                    pack(record.buffer, {RECORD_HEAD_SIZE - 8}, raw_stream(device), {', '.join(values)})",
+            "                    context, function = functions[device]",
+            "                    try:",
+            "                        kernel._launch(context, function, record.address)",
+            "                    except RuntimeError as error:",
+            "                        raise RuntimeError(f'{kernel.name}: launch failed: {error}') from None",
+            "                    return",
+            "    return general(args)",
+        ]
+        exec(compile("\n".join(lines), f"<mllm_kernel.runtime fast launch of {self.name}>", "exec"), env)
+        self._fast = env["fast"]
+
     def _record(self) -> _Record:
         record = getattr(self._local, "record", None)
-        if record is None or record.layout is not self._layout:
-            record = self._local.record = _Record(self._layout, self._offsets)
+        if record is None:
+            record = self._local.record = _Record(self._layout, self._offsets, self._default_head())
         return record
 
-    def __call__(self, *args: Any, grid=None, block=None, shared_mem_bytes=None, stream=None, cluster=None) -> None:
+    def _default_head(self) -> tuple[int, ...]:
+        return (*self.grid, *self.block, self.shared_mem_bytes, *self.cluster)
+
+    def __call__(self, *args: Any, **launch_options: Any) -> None:
+        """Launch with `args`; launch_options: grid, block, shared_mem_bytes, stream, cluster."""
+        if launch_options:
+            return self._launch_general(args, **launch_options)
+        return self._fast(args)
+
+    def _launch_general(self, args: Sequence[Any], grid=None, block=None, shared_mem_bytes=None, stream=None,
+                        cluster=None) -> None:  # fmt: skip
         if len(args) != len(self.params):
             names = ", ".join(p.name for p in self.params)
             raise KernelArgumentError(f"{self.name} takes {len(self.params)} arguments ({names}), got {len(args)}")
+        if self._packer is None:  # structs by value: their sizes come from the loaded function
+            self._function(_current_device())
         values: list[Any] = []
         device = -1
         arrays = None  # (index, NumPy array) to copy
@@ -424,11 +502,15 @@ class CompiledKernel:
         if arrays:
             copies = self._to_device(arrays, values, device, stream, handle)
         record = self._record()
-        self._packer.pack_into(record.buffer, 0, *grid, *block, shared, *cluster, record.params_offset, 0, handle, *values)
+        head = (*grid, *block, shared, *cluster)
+        self._packer.pack_into(record.buffer, 0, *head, record.params_offset, 0, handle, *values)
         try:
-            driver.module().launch(context, function, record.address)
+            self._launch(context, function, record.address)
         except RuntimeError as error:
             raise RuntimeError(f"{self.name}: launch failed: {error}") from None
+        finally:
+            if head != self._default_head():
+                record.pack_head(self._default_head())
         if copies:
             self._to_host(copies, device, handle)
 

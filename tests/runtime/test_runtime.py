@@ -361,6 +361,12 @@ def test_vector_add_tensors_and_streams(cache):
     kernel(a, b, out, n)
     kernel.synchronize()
     torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-6)
+    for _ in range(3):  # later calls take the generated fast path: fresh data each time
+        a.normal_()
+        out.fill_(float("nan"))
+        kernel(a, b, out, n)
+        torch.testing.assert_close(out.double(), a.double() + b.double(), rtol=1e-6, atol=1e-6)
+    a.copy_(expected.float() - b)
 
     stream = torch.cuda.Stream()
     out.fill_(float("nan"))
@@ -379,6 +385,30 @@ def test_vector_add_tensors_and_streams(cache):
     with pytest.raises(TypeError, match="stream must be"):
         kernel(a, b, out, n, stream="default")
     assert kernel.num_regs > 0 and kernel.max_threads_per_block >= 256 and kernel.static_shared_mem_bytes == 0
+
+
+@gpu
+def test_launches_from_many_threads(cache):
+    """Each thread packs its launches into its own record: no thread sees another's arguments."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = 3001
+    kernel = compile_kernel(ADD, "vector_add", grid=(n + 255) // 256, block=256, cache_dir=cache)
+
+    def work(seed: int) -> bool:
+        generator = torch.Generator(device="cuda").manual_seed(seed)
+        ok = True
+        for _ in range(50):
+            a = torch.randn(n, device="cuda", generator=generator)
+            b = torch.randn(n, device="cuda", generator=generator)
+            out = torch.full((n,), float("nan"), device="cuda")
+            kernel(a, b, out, n)
+            torch.cuda.current_stream().synchronize()
+            ok &= bool(torch.equal(out, a + b))
+        return ok
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(work, range(8)))
 
 
 @gpu

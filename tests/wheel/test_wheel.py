@@ -122,6 +122,11 @@ def test_expected_members(archive):
         "mllm_kernel/kernels/add_constant/add_constant.cpp",
         "mllm_kernel/kernels/add_constant/add_constant-inl.h",
         "mllm_kernel/kernels/add_constant/add_constant.cuh",
+        "mllm_kernel/runtime/__init__.py",
+        "mllm_kernel/runtime/driver.cpp",
+        "mllm_kernel/runtime/driver_api.hpp",
+        "mllm_kernel/runtime/prebuilt_kernels.cu",
+        "mllm_kernel/runtime/prebuilt_kernels.fatbin",
     }
     assert expected <= names, sorted(expected - names)
     for op in KERNELS:
@@ -237,6 +242,16 @@ def test_prebuilt_modules_run_without_a_compiler(venv):
     from mllm_kernel.jit_utils import registered_specs
     statuses = {s.display_name: s.status() for s in registered_specs() if s.display_name.startswith("cpu_add_constant")}
     assert statuses["cpu_add_constant_16"] == "prebuilt" and statuses["cpu_add_constant_runtime"] == "prebuilt", statuses
+    # mllm_kernel.runtime: its driver module prebuilt, its shipped cubins loadable, no compiler to be found.
+    from mllm_kernel.runtime import compiler, driver, prebuilt_kernels
+    assert driver.SPEC.status() == "prebuilt" and prebuilt_kernels.origin() == "fatbin"
+    driver.module()
+    assert [p.name for p in prebuilt_kernels.kernel("mllm_axpby_f32").params] == ["x", "y", "alpha", "beta", "n"]
+    try:
+        compiler.pick_compiler("auto")
+        raise AssertionError("a CUDA compiler was found")
+    except FileNotFoundError:
+        pass
     print("prebuilt ok")
     """ % (COMPILERS,)
     result, cache = _child(venv, script, str(bin_only), "prebuilt")
