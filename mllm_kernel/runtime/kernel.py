@@ -251,7 +251,9 @@ class CompiledKernel:
                 raise RuntimeError(f"{self.name}: the cubin has no kernel of that name ({error})") from None
             self._check_params(api, function)
             self._dynamic_limit[device] = _DEFAULT_DYNAMIC_SHARED - api.function_attribute(function, driver.FUNC_SHARED_SIZE_BYTES)
-            self._launch = api.launch  # looked up once: the hot path calls it directly
+            self._launch = api.launch  # looked up once: the hot paths call it directly
+            if hasattr(self, "_launcher_globals"):
+                self._launcher_globals["launch"] = api.launch
             self._functions[device] = (context, function)
             return context, function
 
@@ -334,17 +336,17 @@ class CompiledKernel:
         self._dynamic_limit[device] = wanted
 
     def _make_fast_path(self) -> None:
-        """self._fast(args): a launch specialized to this signature for the common case (torch CUDA
+        """A generated __call__ specialized to this signature for the common case (torch CUDA
         tensors of the declared dtype, Python scalars in range, default launch options, the
         function already loaded on the tensors' device). Generated as straight-line code, one
         check per parameter, like Triton's launchers; anything else takes _launch_general."""
-        general = lambda args: self._launch_general(args)  # noqa: E731
+        general = lambda args, stream: self._launch_general(args, stream=stream)  # noqa: E731
         pointers = [i for i, kind in enumerate(self._kinds) if kind == _POINTER]
         if _OPAQUE in self._kinds or not pointers or _get_raw_stream is None:
-            self._fast = general
-            return
+            return  # CompiledKernel.__call__: the general path
         names = [f"a{i}" for i in range(len(self.params))]
-        env: dict[str, Any] = {"Tensor": torch.Tensor, "general": general, "kernel": self, "bf16": _bf16_bits,
+        env: dict[str, Any] = {"Tensor": torch.Tensor, "Stream": torch.cuda.Stream, "general": general,
+                               "kernel": self, "bf16": _bf16_bits,
                                "raw_stream": _get_raw_stream, "functions": self._functions,
                                "limits": self._dynamic_limit, "local": self._local}  # fmt: skip
         checks, values, aligned = [], [], []
@@ -370,26 +372,35 @@ class CompiledKernel:
         tail_layout = "=Q" + self._layout[len("=" + RECORD_HEAD):]
         env["pack"] = struct.Struct(tail_layout).pack_into
         lines = [
-            "def fast(args):",
-            f"    if len(args) == {len(names)}:",
+            "def __call__(self, *args, stream=None, **launch_options):",
+            f"    if not launch_options and len(args) == {len(names)}:",
             f"        {', '.join(names)}, = args",
             f"        if {' and '.join(checks)}:",
             f"            device = {names[pointers[0]]}.get_device()",
-            f"            if {' and '.join(same_device + ['functions.get(device) is not None'])}:",
+            "            found = functions.get(device)",
+            f"            if {' and '.join(same_device + ['found is not None'])}:",
+            "                if stream is None:",
+            "                    handle = raw_stream(device)",
+            "                elif stream.__class__ is Stream and stream.device_index == device:",
+            "                    handle = stream.cuda_stream",
+            "                else:",
+            "                    return general(args, stream)",
             *[f"                p{i} = {names[i]}.data_ptr()" for i in pointers],
             "                record = getattr(local, 'record', None)",
             f"                if {' and '.join(['record is not None'] + aligned + ([f'limits[device] >= {self.shared_mem_bytes}'] if self.shared_mem_bytes else []))}:",
-            f"                    pack(record.buffer, {RECORD_HEAD_SIZE - 8}, raw_stream(device), {', '.join(values)})",
-            "                    context, function = functions[device]",
+            f"                    pack(record.buffer, {RECORD_HEAD_SIZE - 8}, handle, {', '.join(values)})",
             "                    try:",
-            "                        kernel._launch(context, function, record.address)",
+            "                        launch(found[0], found[1], record.address)",
             "                    except RuntimeError as error:",
-            "                        raise RuntimeError(f'{kernel.name}: launch failed: {error}') from None",
+            "                        raise RuntimeError(f'{self.name}: launch failed: {error}') from None",
             "                    return",
-            "    return general(args)",
+            "    return self._launch_general(args, stream=stream, **launch_options)",
         ]
-        exec(compile("\n".join(lines), f"<mllm_kernel.runtime fast launch of {self.name}>", "exec"), env)
-        self._fast = env["fast"]
+        exec(compile("\n".join(lines), f"<mllm_kernel.runtime launcher of {self.name}>", "exec"), env)
+        # The launcher is this kernel's own __call__ (a subclass per kernel: Python finds __call__
+        # on the type), which saves a call frame per launch.
+        self._launcher_globals = env
+        self.__class__ = type(type(self).__name__, (type(self),), {"__call__": env["__call__"], "__module__": __name__})
 
     def _record(self) -> _Record:
         record = getattr(self._local, "record", None)
@@ -400,11 +411,12 @@ class CompiledKernel:
     def _default_head(self) -> tuple[int, ...]:
         return (*self.grid, *self.block, self.shared_mem_bytes, *self.cluster)
 
-    def __call__(self, *args: Any, **launch_options: Any) -> None:
-        """Launch with `args`; launch_options: grid, block, shared_mem_bytes, stream, cluster."""
-        if launch_options:
-            return self._launch_general(args, **launch_options)
-        return self._fast(args)
+    def __call__(self, *args: Any, stream=None, **launch_options: Any) -> None:
+        """Launch with `args` on `stream` (default: torch's current stream of the tensors' device;
+        a torch.cuda.Stream or a raw CUstream handle). launch_options override the defaults:
+        grid, block, shared_mem_bytes, cluster. (Most kernels get a generated __call__ with a
+        fast path in front of this one: _make_fast_path.)"""
+        return self._launch_general(args, stream=stream, **launch_options)
 
     def _launch_general(self, args: Sequence[Any], grid=None, block=None, shared_mem_bytes=None, stream=None,
                         cluster=None) -> None:  # fmt: skip

@@ -294,6 +294,25 @@ def test_pointer_errors(cache):
         compile_kernel(ADD, "vector_add", grid=(3,), cluster=(2,), arch=ARCH, cache_dir=cache)
 
 
+def test_generated_launcher_falls_back(cache, monkeypatch):
+    """The generated __call__ (its fast path needs torch's CUDA stream query, so it is forced
+    here) hands anything off its fast path to the general path, which names the problem."""
+    from mllm_kernel.runtime import kernel as kernel_module
+
+    monkeypatch.setattr(kernel_module, "_get_raw_stream", lambda device: 0)
+    for source, name in ((ADD, "vector_add"), (SCALARS, "scalars")):
+        kernel = compile_kernel(source, name, block=32, arch=ARCH, cache_dir=cache)
+        assert type(kernel).__call__ is not kernel_module.CompiledKernel.__call__
+        with pytest.raises(KernelArgumentError, match=r"must be a CUDA tensor.*on cpu"):
+            kernel(torch.ones(8), *([1] * (len(kernel.params) - 1)))
+        with pytest.raises(KernelArgumentError, match=f"takes {len(kernel.params)} arguments"):
+            kernel(torch.ones(8))
+    add = compile_kernel(ADD, "vector_add", block=32, arch=ARCH, cache_dir=cache)
+    host = np.ones(1, np.float32)
+    with pytest.raises(KernelArgumentError, match=r"argument 3 \(n: int\).*got 1.5"):
+        add(host, host, host, 1.5)
+
+
 # ----------------------------------------------------------------------------- the shipped cubins
 
 
