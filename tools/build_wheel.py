@@ -172,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         "Requires-Dist: torch",
         # The prebuilt modules link this exact tvm-ffi ABI (and their keys hash its version).
         f"Requires-Dist: apache-tvm-ffi=={tvm_ffi}",
+        "Requires-Dist: numpy",  # mllm_kernel.runtime takes NumPy arrays as kernel arguments
+        # NVRTC: mllm_kernel.runtime compiles with it where no nvcc exists (the CUDA 13 build).
+        "Provides-Extra: nvrtc",
+        'Requires-Dist: nvidia-cuda-nvrtc>=13; extra == "nvrtc"',
         "",
     ]).encode()
     files[f"{dist_info}/WHEEL"] = "\n".join([

@@ -3,8 +3,8 @@
 // arguments; this file only makes the driver calls, which Python (ctypes) would make ~5x slower.
 //
 // A launch reads one LaunchRecord that Python packs (struct.pack_into) per call: the launch
-// configuration followed by the argument values, and after them the kernelParams array that
-// points at the values (written once per buffer).
+// configuration, context, function and stream, followed by the argument values, and after them
+// the kernelParams array that points at the values (written once per buffer).
 #include <dlfcn.h>
 
 #include <cstdint>
@@ -114,9 +114,11 @@ struct LaunchRecord {
   uint32_t cluster[3];  // all zero: no cluster
   uint32_t params_offset;  // byte offset of the kernelParams array from the record's start
   uint32_t unused;
-  uint64_t stream;
+  uint64_t context;   // the function's context (made current for the launch)
+  uint64_t function;  // CUfunction
+  uint64_t stream;    // CUstream
 };
-static_assert(sizeof(LaunchRecord) == 56);
+static_assert(sizeof(LaunchRecord) == 72);
 
 inline int64_t DriverVersion() {
   int version = 0;
@@ -190,7 +192,9 @@ inline int64_t ParamInfo(int64_t function, int64_t index) {
   return static_cast<int64_t>(offset) << 32 | static_cast<int64_t>(size);
 }
 
-inline void Launch(int64_t context, int64_t function, int64_t record_address) {
+// One argument: everything, the function and its context included, is in the record (each
+// argument tvm-ffi converts costs time on a path that takes a few microseconds in all).
+inline void Launch(int64_t record_address) {
   const auto* record = detail::As<const LaunchRecord*>(record_address);
   cu::LaunchAttribute cluster{};
   cu::LaunchConfig config{};
@@ -209,8 +213,9 @@ inline void Launch(int64_t context, int64_t function, int64_t record_address) {
     config.num_attrs = 1;
   }
   void** params = reinterpret_cast<void**>(record_address + record->params_offset);
-  detail::ContextScope scope(detail::As<cu::Context>(context));
-  detail::Check(detail::driver().cuLaunchKernelEx(&config, detail::As<cu::Function>(function), params, nullptr),
+  detail::ContextScope scope(detail::As<cu::Context>(static_cast<int64_t>(record->context)));
+  detail::Check(detail::driver().cuLaunchKernelEx(&config, detail::As<cu::Function>(static_cast<int64_t>(record->function)),
+                                                  params, nullptr),
                 "cuLaunchKernelEx");
 }
 

@@ -30,9 +30,11 @@ import torch
 from . import driver
 from .signature import Param
 
-# driver.cpp's LaunchRecord: grid[3] block[3] shared_mem cluster[3] params_offset unused | stream
-RECORD_HEAD = "12IQ"
-RECORD_HEAD_SIZE = 56
+# driver.cpp's LaunchRecord: grid[3] block[3] shared_mem cluster[3] params_offset unused |
+# context function stream
+RECORD_HEAD = "12I3Q"
+RECORD_HEAD_SIZE = 72
+RECORD_CALL_OFFSET = 48  # where context, function, stream start: what a default launch packs
 _POINTER, _SCALAR, _BF16, _OPAQUE = range(4)
 _DEFAULT_DYNAMIC_SHARED = 48 * 1024  # what a kernel may use without opting in
 _MAX_BLOCK = (1024, 1024, 64)
@@ -115,7 +117,7 @@ class CompiledKernel:
         self.log = log
         self.grid = _dims(grid, "grid", _MAX_GRID)
         self.block = _dims(block, "block", _MAX_BLOCK)
-        self.shared_mem_bytes = self._check_shared_mem(shared_mem_bytes)
+        self.dynamic_shared_mem_bytes = self._check_shared_mem(shared_mem_bytes)  # the launch default
         self.cluster = self._check_cluster(cluster, self.grid)
         self._functions: dict[int, tuple[int, int]] = {}  # device -> (context, CUfunction)
         self._dynamic_limit: dict[int, int] = {}  # device -> the function's dynamic shared memory limit
@@ -295,8 +297,9 @@ class CompiledKernel:
         return self._attribute(driver.FUNC_NUM_REGS, None)
 
     @property
-    def static_shared_mem_bytes(self) -> int:
-        """Static (__shared__) shared memory per block; `shared_mem_bytes` is the dynamic amount."""
+    def shared_mem_bytes(self) -> int:
+        """Static (__shared__) shared memory per block, from the driver; the dynamic amount a
+        launch asks for is `dynamic_shared_mem_bytes` (or the call's shared_mem_bytes=)."""
         return self._attribute(driver.FUNC_SHARED_SIZE_BYTES, None)
 
     @property
@@ -369,7 +372,7 @@ class CompiledKernel:
                 checks.append(f"{a}.__class__ is T{i}" + ("" if python_type is bool else f" and L{i} <= {a} <= H{i}"))
                 values.append(f"bf16({a})" if kind == _BF16 else a)
         same_device = [f"{names[i]}.get_device() == device" for i in pointers[1:]]
-        tail_layout = "=Q" + self._layout[len("=" + RECORD_HEAD):]
+        tail_layout = "=3Q" + self._layout[len("=" + RECORD_HEAD):]
         env["pack"] = struct.Struct(tail_layout).pack_into
         lines = [
             "def __call__(self, *args, stream=None, **launch_options):",
@@ -387,10 +390,10 @@ class CompiledKernel:
             "                    return general(args, stream)",
             *[f"                p{i} = {names[i]}.data_ptr()" for i in pointers],
             "                record = getattr(local, 'record', None)",
-            f"                if {' and '.join(['record is not None'] + aligned + ([f'limits[device] >= {self.shared_mem_bytes}'] if self.shared_mem_bytes else []))}:",
-            f"                    pack(record.buffer, {RECORD_HEAD_SIZE - 8}, handle, {', '.join(values)})",
+            f"                if {' and '.join(['record is not None'] + aligned + ([f'limits[device] >= {self.dynamic_shared_mem_bytes}'] if self.dynamic_shared_mem_bytes else []))}:",
+            f"                    pack(record.buffer, {RECORD_CALL_OFFSET}, found[0], found[1], handle, {', '.join(values)})",
             "                    try:",
-            "                        launch(found[0], found[1], record.address)",
+            "                        launch(record.address)",
             "                    except RuntimeError as error:",
             "                        raise RuntimeError(f'{self.name}: launch failed: {error}') from None",
             "                    return",
@@ -409,7 +412,7 @@ class CompiledKernel:
         return record
 
     def _default_head(self) -> tuple[int, ...]:
-        return (*self.grid, *self.block, self.shared_mem_bytes, *self.cluster)
+        return (*self.grid, *self.block, self.dynamic_shared_mem_bytes, *self.cluster)
 
     def __call__(self, *args: Any, stream=None, **launch_options: Any) -> None:
         """Launch with `args` on `stream` (default: torch's current stream of the tensors' device;
@@ -498,7 +501,7 @@ class CompiledKernel:
         context, function = found if found is not None else self._function(device)
         grid = self.grid if grid is None else _dims(grid, "grid", _MAX_GRID)
         block = self.block if block is None else _dims(block, "block", _MAX_BLOCK)
-        shared = self.shared_mem_bytes if shared_mem_bytes is None else self._check_shared_mem(shared_mem_bytes)
+        shared = self.dynamic_shared_mem_bytes if shared_mem_bytes is None else self._check_shared_mem(shared_mem_bytes)
         if cluster is not None:
             cluster = self._check_cluster(cluster, grid)
         elif grid is self.grid or not self.cluster[0]:
@@ -515,9 +518,9 @@ class CompiledKernel:
             copies = self._to_device(arrays, values, device, stream, handle)
         record = self._record()
         head = (*grid, *block, shared, *cluster)
-        self._packer.pack_into(record.buffer, 0, *head, record.params_offset, 0, handle, *values)
+        self._packer.pack_into(record.buffer, 0, *head, record.params_offset, 0, context, function, handle, *values)
         try:
-            self._launch(context, function, record.address)
+            self._launch(record.address)
         except RuntimeError as error:
             raise RuntimeError(f"{self.name}: launch failed: {error}") from None
         finally:

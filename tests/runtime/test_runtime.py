@@ -403,7 +403,7 @@ def test_vector_add_tensors_and_streams(cache):
         kernel(a, b, out.half(), n)
     with pytest.raises(TypeError, match="stream must be"):
         kernel(a, b, out, n, stream="default")
-    assert kernel.num_regs > 0 and kernel.max_threads_per_block >= 256 and kernel.static_shared_mem_bytes == 0
+    assert kernel.num_regs > 0 and kernel.max_threads_per_block >= 256 and kernel.shared_mem_bytes == 0
 
 
 @gpu
@@ -554,7 +554,7 @@ def test_structs_pointer_arrays_alignment_static_shared(cache):
         copy4(x[1:], y)
 
     fill = compile_kernel(MISC, "fill_static", block=1000, cache_dir=cache)
-    assert fill.static_shared_mem_bytes == 4000
+    assert fill.shared_mem_bytes == 4000
     out = torch.full((1000,), float("nan"), device="cuda")
     fill(out)
     assert out.tolist() == [float(999 - i) for i in range(1000)]

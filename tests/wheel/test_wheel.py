@@ -77,7 +77,8 @@ def test_metadata(archive):
     assert values["Summary"] and "License" in values
     tvm_ffi = re.search(r"^apache-tvm-ffi==(\S+)", REQUIREMENTS_LOCK.read_text(), re.M).group(1)
     requires = sorted(v for k, v in fields if k == "Requires-Dist")
-    assert requires == sorted(["torch", f"apache-tvm-ffi=={tvm_ffi}"])
+    assert requires == sorted(["torch", f"apache-tvm-ffi=={tvm_ffi}", "numpy", 'nvidia-cuda-nvrtc>=13; extra == "nvrtc"'])
+    assert values["Provides-Extra"] == "nvrtc"
 
 
 def test_record_matches_every_file(archive):
