@@ -100,9 +100,10 @@ def main() -> int:
     torch.testing.assert_close(out, a + b)
 
     samples: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(args.reps):
-        for name, launch in candidates.items():
-            samples[name].append(burst(launch, args.launches))
+    order = list(candidates)
+    for rep in range(args.reps):
+        for name in order[rep % len(order):] + order[: rep % len(order)]:  # rotate: no launcher always first
+            samples[name].append(burst(candidates[name], args.launches))
     results = {name: statistics.median(values) for name, values in samples.items()}
 
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")

@@ -15,7 +15,11 @@ so the output is a directory: bazel-bin/<name>/mllm_kernel-<version>-py3-none-<p
 """
 
 load("@rules_python//python:defs.bzl", "py_binary")
+load("@system_python//:version.bzl", "HAS_HEADERS")
 load("//tools:kernel.bzl", "PrebuiltInfo")
+
+# mllm_kernel.runtime's launch extension (needs the interpreter's headers to build).
+LAUNCH_EXTENSION = ["//mllm_kernel/runtime:_launch.abi3.so"] if HAS_HEADERS else []
 
 def _wheel_path(f):
     """Where a main-repo file goes in the wheel."""
@@ -117,7 +121,7 @@ def mllm_kernel_wheel(name, kernels, version, license = "UNKNOWN", visibility = 
             "//include:jit_files",
             "//mllm_kernel/runtime:sources",
             "//mllm_kernel/runtime:prebuilt_kernels",
-        ] + ["//kernels/%s:sources" % op for op in kernels],
+        ] + LAUNCH_EXTENSION + ["//kernels/%s:sources" % op for op in kernels],
         highway = ["@highway//:jit_files"],
         prebuilt = ["//mllm_kernel/runtime:prebuilt"] + ["//kernels/%s:prebuilt" % op for op in kernels],
         version = version,

@@ -8,6 +8,8 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <string>
 #include <type_traits>
 
@@ -218,6 +220,22 @@ inline void Launch(int64_t record_address) {
                                                   params, nullptr),
                 "cuLaunchKernelEx");
 }
+
+// The launch as a C function for the CPython extension (launch_ext.c), which calls it through the
+// address LaunchEntryAddress gives: 0 on success, else nonzero with the error in `message`.
+extern "C" inline int MllmKernelRuntimeLaunch(int64_t record_address, char* message, std::size_t capacity) {
+  try {
+    Launch(record_address);
+    return 0;
+  } catch (const tvm::ffi::Error& error) {
+    std::snprintf(message, capacity, "%s", error.message().c_str());
+  } catch (const std::exception& error) {
+    std::snprintf(message, capacity, "%s", error.what());
+  }
+  return 1;
+}
+
+inline int64_t LaunchEntryAddress() { return detail::Of(&MllmKernelRuntimeLaunch); }
 
 inline void StreamSynchronize(int64_t context, int64_t stream) {
   detail::ContextScope scope(detail::As<cu::Context>(context));

@@ -27,6 +27,7 @@ _FUNCTIONS = {
     "set_function_attribute": "SetFunctionAttribute",
     "param_info": "ParamInfo",
     "launch": "Launch",
+    "launch_entry": "LaunchEntryAddress",
     "stream_synchronize": "StreamSynchronize",
 }
 
@@ -57,6 +58,18 @@ def module() -> Any:
     # CuPy's launches do). Calls that wait (module loads, synchronize) still release it.
     loaded.launch.release_gil = False
     return loaded
+
+
+@functools.cache
+def launch_function() -> Any:
+    """launch(record_address): the CPython extension _launch (built by Bazel, shipped in the
+    wheel: about 0.3 µs less per call), else the driver module's tvm-ffi `launch`."""
+    try:
+        from . import _launch
+    except ImportError:
+        return module().launch
+    _launch.set_entry(module().launch_entry())
+    return _launch.launch
 
 
 _contexts: dict[int, int] = {}

@@ -253,9 +253,9 @@ class CompiledKernel:
                 raise RuntimeError(f"{self.name}: the cubin has no kernel of that name ({error})") from None
             self._check_params(api, function)
             self._dynamic_limit[device] = _DEFAULT_DYNAMIC_SHARED - api.function_attribute(function, driver.FUNC_SHARED_SIZE_BYTES)
-            self._launch = api.launch  # looked up once: the hot paths call it directly
+            self._launch = driver.launch_function()  # looked up once: the hot paths call it directly
             if hasattr(self, "_launcher_globals"):
-                self._launcher_globals["launch"] = api.launch
+                self._launcher_globals["launch"] = self._launch
             self._functions[device] = (context, function)
             return context, function
 
@@ -375,9 +375,12 @@ class CompiledKernel:
         tail_layout = "=3Q" + self._layout[len("=" + RECORD_HEAD):]
         env["pack"] = struct.Struct(tail_layout).pack_into
         lines = [
-            "def __call__(self, *args, stream=None, **launch_options):",
-            f"    if not launch_options and len(args) == {len(names)}:",
-            f"        {', '.join(names)}, = args",
+            "def __call__(self, *args, stream=None, grid=None, block=None, shared_mem_bytes=None, cluster=None):",
+            "    if grid is None and block is None and shared_mem_bytes is None and cluster is None:",
+            "        try:",
+            f"            {', '.join(names)}, = args",
+            "        except ValueError:",
+            "            return self._launch_general(args, stream=stream)",
             f"        if {' and '.join(checks)}:",
             f"            device = {names[pointers[0]]}.get_device()",
             "            found = functions.get(device)",
@@ -397,7 +400,7 @@ class CompiledKernel:
             "                    except RuntimeError as error:",
             "                        raise RuntimeError(f'{self.name}: launch failed: {error}') from None",
             "                    return",
-            "    return self._launch_general(args, stream=stream, **launch_options)",
+            "    return self._launch_general(args, grid, block, shared_mem_bytes, stream, cluster)",
         ]
         exec(compile("\n".join(lines), f"<mllm_kernel.runtime launcher of {self.name}>", "exec"), env)
         # The launcher is this kernel's own __call__ (a subclass per kernel: Python finds __call__

@@ -313,6 +313,22 @@ def test_generated_launcher_falls_back(cache, monkeypatch):
         add(host, host, host, 1.5)
 
 
+def test_launch_extension(cache):
+    """Under Bazel (and in the wheel) launches go through the CPython extension _launch; its
+    errors come back from driver.cpp as RuntimeError (here: no driver on a machine without GPU)."""
+    from mllm_kernel.runtime import driver
+
+    if os.environ.get("MLLM_KERNEL_EXPECT_FATBIN") != "1":
+        pytest.skip("the extension is a Bazel build output")
+    from mllm_kernel.runtime import _launch
+
+    assert driver.launch_function() is _launch.launch
+    if not HAS_GPU:
+        kernel = compile_kernel(ADD, "vector_add", block=32, arch=ARCH, cache_dir=cache)
+        with pytest.raises(RuntimeError, match="libcuda.so.1"):
+            driver.launch_function()(kernel._record().address)
+
+
 # ----------------------------------------------------------------------------- the shipped cubins
 
 

@@ -128,6 +128,7 @@ def test_expected_members(archive):
         "mllm_kernel/runtime/driver_api.hpp",
         "mllm_kernel/runtime/prebuilt_kernels.cu",
         "mllm_kernel/runtime/prebuilt_kernels.fatbin",
+        "mllm_kernel/runtime/_launch.abi3.so",
     }
     assert expected <= names, sorted(expected - names)
     for op in KERNELS:
@@ -246,7 +247,8 @@ def test_prebuilt_modules_run_without_a_compiler(venv):
     # mllm_kernel.runtime: its driver module prebuilt, its shipped cubins loadable, no compiler to be found.
     from mllm_kernel.runtime import compiler, driver, prebuilt_kernels
     assert driver.SPEC.status() == "prebuilt" and prebuilt_kernels.origin() == "fatbin"
-    driver.module()
+    from mllm_kernel.runtime import _launch  # the CPython extension (abi3)
+    assert driver.launch_function() is _launch.launch
     assert [p.name for p in prebuilt_kernels.kernel("mllm_axpby_f32").params] == ["x", "y", "alpha", "beta", "n"]
     try:
         compiler.pick_compiler("auto")
