@@ -26,6 +26,20 @@ def gencode_flags(archs):
             fail("//tools/cuda:archs: %r is neither sm_XX[a] nor compute_XX" % arch)
     return flags
 
+# What every rule that runs the hermetic nvcc needs: the arch list, nvcc, its tree, the C++
+# toolchain (nvcc's host compiler).
+_NVCC_ATTRS = {
+        "_archs": attr.label(default = "//tools/cuda:archs"),
+        "_nvcc": attr.label(
+            default = "@cuda_toolkit//:nvidia/cu13/bin/nvcc",
+            executable = True,
+            cfg = "exec",
+            allow_single_file = True,
+        ),
+        "_toolkit": attr.label(default = "@cuda_toolkit//:compiler_files", cfg = "exec"),
+        "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
+}
+
 def _cuda_library_impl(ctx):
     cc_toolchain = find_cpp_toolchain(ctx)
     feature_configuration = cc_common.configure_features(
@@ -103,21 +117,12 @@ def _cuda_library_impl(ctx):
 
 cuda_library = rule(
     implementation = _cuda_library_impl,
-    attrs = {
+    attrs = dict({
         "srcs": attr.label_list(allow_files = [".cu", ".cuh", ".h", ".hpp"]),
         "hdrs": attr.label_list(allow_files = [".cuh", ".h", ".hpp"]),
         "deps": attr.label_list(providers = [CcInfo]),
         "copts": attr.string_list(),
-        "_archs": attr.label(default = "//tools/cuda:archs"),
-        "_nvcc": attr.label(
-            default = "@cuda_toolkit//:nvidia/cu13/bin/nvcc",
-            executable = True,
-            cfg = "exec",
-            allow_single_file = True,
-        ),
-        "_toolkit": attr.label(default = "@cuda_toolkit//:compiler_files", cfg = "exec"),
-        "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
-    },
+    }, **_NVCC_ATTRS),
     fragments = ["cpp"],
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
 )
@@ -170,20 +175,11 @@ cuda_cubin = rule(
     doc = """<name>.fatbin: the kernels of one .cu source as machine code for every configured arch
 (//tools/cuda:archs; compute_XX entries embed PTX). mllm_kernel.runtime.load_cubin launches them
 through the driver API alone: no compiler, no CUDA runtime.""",
-    attrs = {
+    attrs = dict({
         "src": attr.label(allow_single_file = [".cu"], mandatory = True),
         "hdrs": attr.label_list(allow_files = [".cuh", ".h", ".hpp"]),
         "copts": attr.string_list(),
-        "_archs": attr.label(default = "//tools/cuda:archs"),
-        "_nvcc": attr.label(
-            default = "@cuda_toolkit//:nvidia/cu13/bin/nvcc",
-            executable = True,
-            cfg = "exec",
-            allow_single_file = True,
-        ),
-        "_toolkit": attr.label(default = "@cuda_toolkit//:compiler_files", cfg = "exec"),
-        "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
-    },
+    }, **_NVCC_ATTRS),
     fragments = ["cpp"],
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
 )
