@@ -70,12 +70,14 @@ def compile_kernel(
                           cluster=cluster, source=text, path=cubin.path, log=cubin.log, compiler=cubin.compiler)  # fmt: skip
 
 
-def load_cubin(cubin: bytes | str | os.PathLike, name: str, signature: str, *, grid=(1, 1, 1), block=(1, 1, 1),
-               shared_mem_bytes: int = 0, cluster=None):  # fmt: skip
+def load_cubin(cubin: bytes | str | os.PathLike, name: str, signature: str | None = None, *, grid=(1, 1, 1),
+               block=(1, 1, 1), shared_mem_bytes: int = 0, cluster=None):  # fmt: skip
     """Launch kernel `name` of a precompiled cubin or fatbin (bytes or a path): no compiler needed.
 
-    signature: the kernel's declaration, or the whole source it was compiled from (a cubin does
-    not record its parameters' types; the driver only knows their sizes, which are checked).
+    signature: the kernel's declaration, or the whole source it was compiled from: a cubin does
+    not record its parameters' types (the driver only knows their sizes, which are checked).
+    Default: the source beside a cubin path, same name with .cu (as the cuda_cubin rule and the
+    wheel lay them out).
     """
     from .kernel import CompiledKernel
 
@@ -86,6 +88,14 @@ def load_cubin(cubin: bytes | str | os.PathLike, name: str, signature: str, *, g
         path, image = None, bytes(cubin)
     else:
         raise TypeError(f"cubin must be bytes or a path, got {type(cubin).__name__}")
+    if signature is None:
+        source = path.with_suffix(".cu") if path is not None else None
+        if source is None or not source.is_file():
+            raise ValueError(
+                f"load_cubin({name!r}): a cubin records no parameter types; pass signature= (the kernel's "
+                f"declaration or its source){f', or keep {source.name} beside {path.name}' if path else ''}"
+            )
+        signature = source.read_text()
     params = parse_signature(signature, name)
     return CompiledKernel(image, name, params, grid=grid, block=block, shared_mem_bytes=shared_mem_bytes,
                           cluster=cluster, source=signature, path=path)  # fmt: skip

@@ -26,7 +26,7 @@ def kernel(name: str):
     from . import compile_kernel, load_cubin
 
     if origin() == "fatbin":
-        return load_cubin(FATBIN, name, SOURCE.read_text(), block=BLOCK)
+        return load_cubin(FATBIN, name, block=BLOCK)  # the signature: SOURCE, beside it
     return compile_kernel(SOURCE, name, block=BLOCK)
 
 

@@ -369,6 +369,18 @@ def test_prebuilt_cubins_run_without_a_compiler(tmp_path):
     assert "ok" in result.stdout and (("ran on the GPU" in result.stdout) == HAS_GPU)
 
 
+def test_load_cubin_needs_a_signature(cache, tmp_path):
+    cubin = compiler.build_cubin(ADD, arch=ARCH, cache_dir=cache)
+    with pytest.raises(ValueError, match="records no parameter types"):
+        load_cubin(cubin.image, "vector_add")
+    (tmp_path / "add.cubin").write_bytes(cubin.image)
+    with pytest.raises(ValueError, match="keep add.cu beside add.cubin"):
+        load_cubin(tmp_path / "add.cubin", "vector_add")
+    (tmp_path / "add.cu").write_text(ADD)
+    kernel = load_cubin(tmp_path / "add.cubin", "vector_add", block=128)
+    assert [p.name for p in kernel.params] == ["a", "b", "out", "n"] and kernel.cubin == cubin.image
+
+
 def test_fatbin_holds_the_configured_archs():
     from mllm_kernel.runtime import prebuilt_kernels
 
