@@ -31,9 +31,12 @@
 #include "prefill_attention.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 namespace mllm_kernel::gpu {
 
@@ -578,10 +581,61 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
   }
 }
 
+}  // namespace prefill_attention_detail
+}  // namespace mllm_kernel::gpu
+
+#include "prefill_attention_sm90.cuh"
+
+namespace mllm_kernel::gpu {
+namespace prefill_attention_detail {
+
 // ---------------------------------------------------------------------------- launch
+
+/*!
+ * \brief Whether the Hopper kernel for these template arguments can run on \p device: an sm_90
+ * GPU, and a binary with the kernel's sm_90a body (only that body has static shared memory: its
+ * mbarriers). MLLM_KERNEL_PREFILL_BACKEND=fa2 turns it off (to compare the two), =sm90 makes its
+ * absence an error. Queried once per device.
+ */
+template <typename T, int D, bool kPaged>
+bool UseSm90(int device) {
+  const char* backend = std::getenv("MLLM_KERNEL_PREFILL_BACKEND");
+  const std::string_view choice = backend == nullptr ? "auto" : backend;
+  host::ValueCheck(choice == "auto" || choice == "fa2" || choice == "sm90",
+                   "MLLM_KERNEL_PREFILL_BACKEND must be auto, fa2 or sm90, got '", choice, "'");
+  if (choice == "fa2" || D > 128) return false;
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<int> cache[kMaxCachedDevices] = {};  // 0: not queried, 1: yes, 2: no
+  int known = device >= 0 && device < kMaxCachedDevices ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (known == 0) {
+    bool usable = host::GetComputeCapability(device) == 90;
+    if (usable) {
+      tvm::ffi::CUDADeviceGuard guard(device);
+      cudaFuncAttributes attributes{};
+      usable = cudaFuncGetAttributes(&attributes, prefill_attention_sm90::PrefillKernelSm90<T, D, kPaged>) ==
+                   cudaSuccess &&
+               attributes.sharedSizeBytes > 0;
+      cudaGetLastError();  // a refusal only means "no"
+    }
+    known = usable ? 1 : 2;
+    if (device >= 0 && device < kMaxCachedDevices) cache[device].store(known, std::memory_order_relaxed);
+  }
+  host::ValueCheck(known == 1 || choice != "sm90", "MLLM_KERNEL_PREFILL_BACKEND=sm90: cuda:", device,
+                   " has no sm_90a prefill kernel for head_dim ", D, " (needs an H100/H200 and a build for sm_90a)");
+  return known == 1;
+}
 
 template <typename T, int D, bool kPaged>
 void LaunchPrefill(const PrefillParams<T>& p, DLDevice device) {
+  if constexpr (D <= 128) {
+    if (UseSm90<T, D, kPaged>(device.device_id)) {
+      namespace h = prefill_attention_sm90;
+      host::LaunchKernel(1, kPlanThreads, device).enable_pdl(true)(PlanKernel<T>, p);
+      host::LaunchKernel(dim3(p.max_work, p.num_heads), h::kThreads, device, h::kSmemBytes<D>)
+          .enable_pdl(true)(h::PrefillKernelSm90<T, D, kPaged>, p);
+      return;
+    }
+  }
   const int64_t limit = host::MaxSharedMemoryPerBlock(device.device_id);
   host::ValueCheck(kSmemBytes<D> <= limit, kPaged ? "paged_prefill_attention" : "prefill_attention", ": head_dim ", D,
                    " needs ", kSmemBytes<D>, " bytes of shared memory per block; cuda:", device.device_id, " offers ",

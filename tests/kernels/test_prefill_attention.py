@@ -285,6 +285,46 @@ def test_cuda_last_row_matches_decode(dtype):
     check_last_row_matches_decode("cuda", dtype)
 
 
+# The CUDA tests above run the automatic choice: on an H100/H200 the Hopper kernel (wgmma, warp
+# specialization) for head_dim 64 and 128, the mma.sync kernel elsewhere. This one runs the same
+# kinds of case through each kernel by name (MLLM_KERNEL_PREFILL_BACKEND), so both stay tested on
+# a Hopper GPU; "sm90" must exist there (the wheel builds sm_90a).
+def check_backend(dtype, head_dim, gen):
+    heads = (16, 2)
+    for lens in (SHORT, PREFIX, FEWER_KEYS, CUDA_LONG_PREFIX):
+        case = make_ragged_case(*lens, *heads, head_dim, dtype, "cuda", gen)
+        run_ragged(case, dtype, f"causal {lens}")
+        run_ragged(case, dtype, f"not causal {lens}", causal=False)
+    case = make_ragged_case(*CUDA_LONG, *heads, head_dim, dtype, "cuda", gen, q_scale=4.0)
+    run_ragged(case, dtype, "long, cap", logits_soft_cap=30.0)
+    run_ragged(case, dtype, "long, window", sliding_window=300)
+    for block_size in (1, 16):
+        paged = make_paged_prefill_case(*CUDA_LONG_PREFIX, *heads, head_dim, block_size, dtype, "cuda", gen)
+        run_paged(paged, dtype, f"paged, block {block_size}")
+    lens_q, lens_k = [5, 1, 130, 9], [37, 1, 300, 9]
+    paged = make_paged_prefill_case(lens_q, lens_k, *heads, head_dim, 16, dtype, "cuda", gen)
+    run_paged(paged, dtype, "tree", custom_masks=tree_masks(lens_q, lens_k, gen))
+
+
+@cuda_only
+@pytest.mark.parametrize("backend", ["fa2", "sm90"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_backend(dtype, head_dim, backend, monkeypatch):
+    if backend == "sm90" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernel needs an sm_90 GPU")
+    monkeypatch.setenv("MLLM_KERNEL_PREFILL_BACKEND", backend)
+    check_backend(dtype, head_dim, gen_for("backend", dtype, head_dim, backend))
+
+
+@cuda_only
+def test_cuda_backend_name_is_checked(monkeypatch):
+    monkeypatch.setenv("MLLM_KERNEL_PREFILL_BACKEND", "fa3")
+    case = make_ragged_case(*SHORT, 8, 2, 64, torch.float16, "cuda", gen_for("backend name"))
+    with pytest.raises(ValueError, match="MLLM_KERNEL_PREFILL_BACKEND must be auto, fa2 or sm90, got 'fa3'"):
+        prefill_attention(*case.args())
+
+
 def test_allowed_keys_rules():
     # The reference's masks themselves, written out by hand for one request of 3 queries, 5 keys.
     want = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)

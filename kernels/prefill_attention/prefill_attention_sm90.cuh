@@ -1,0 +1,505 @@
+/*!
+ * \file kernels/prefill_attention/prefill_attention_sm90.cuh
+ * \brief The Hopper (sm_90a) path of prefill attention: wgmma tensor-core products fed by a
+ * producer warpgroup (warp specialization), included by prefill_attention.cuh, which picks it on
+ * GPUs whose binary has it (HasSm90Path) for head_dim 64 and 128.
+ *
+ * One CTA per (work item of PlanKernel, query head), 384 threads in three warpgroups:
+ *  - warpgroup 0 is the producer: it copies the Q tile once and then each K and V tile of
+ *    kBlockN keys into a two-stage ring (cp.async, which serves ragged and paged K/V alike and
+ *    zero-fills keys that must not be read), and signals each copy on an mbarrier ("full");
+ *  - warpgroups 1 and 2 are consumers of 64 query rows each: S = Q K^T with shared-memory
+ *    operands (wgmma m64n128k16), the online softmax in registers, O += P V with P from registers
+ *    and V transposed by the descriptor, then an "empty" arrival that hands the stage back.
+ * setmaxnreg moves registers from the producer (address arithmetic only) to the consumers (S and
+ * O accumulators: 64 + D/2 floats per thread).
+ *
+ * Shared-memory tiles use the 128-byte swizzle that wgmma descriptors name: a [rows, D] tile is
+ * stored as D / 64 column blocks of [rows, 64] (128 bytes a row), 16-byte chunk c of row r at
+ * chunk c ^ (r % 8) of its row; eight rows form a 1024-byte atom. Masking, clamping, the work
+ * list and the epilogue follow the mma.sync kernel (same PrefillParams, same PlanKernel).
+ */
+#ifndef MLLM_KERNEL_KERNELS_PREFILL_ATTENTION_SM90_CUH_
+#define MLLM_KERNEL_KERNELS_PREFILL_ATTENTION_SM90_CUH_
+
+#include <mllm_kernel/utils.cuh>
+
+#include <cstdint>
+
+// The wgmma / setmaxnreg code exists only in sm_90a device code; elsewhere the kernel is empty
+// and HasSm90Path (no static shared memory in it) keeps it from being launched.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLLM_KERNEL_PREFILL_SM90_BODY 1
+#endif
+
+namespace mllm_kernel::gpu::prefill_attention_sm90 {
+
+using device::bf16_t;
+using device::fp16_t;
+
+// ---------------------------------------------------------------------------- building blocks
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/*!
+ * \brief A wgmma shared-memory descriptor for a 128-byte-swizzled operand starting at \p p:
+ * \p lbo / \p sbo are the byte strides between column blocks (MN-major operands) and between
+ * 8-row atoms.
+ */
+__device__ __forceinline__ uint64_t sw128_descriptor(const void* p, uint32_t lbo, uint32_t sbo) {
+  const uint64_t address = smem_address(p);
+  return ((address & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
+}
+
+/*! \brief Byte offset of 16-byte chunk \p c of row \p r in a [rows, D] tile (layout above). */
+template <int kRows>
+__device__ __forceinline__ int sw128_offset(int r, int c) {
+  return (c / 8) * (kRows * 128) + r * 128 + (((c % 8) ^ (r % 8)) << 4);
+}
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+/*! \brief Waits until the phase of parity \p parity of \p bar has completed. */
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_address(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+/*! \brief Makes this thread's completed generic-proxy shared-memory writes visible to wgmma. */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+/*! \brief Keeps the compiler from moving accesses of \p r across an asynchronous wgmma region. */
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <int kRegs>
+__device__ __forceinline__ void registers_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void registers_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+/*! \brief wgmma m64nNk16 with float32 accumulators (generated wrappers: A from shared memory or registers). */
+template <typename T, int N>
+struct Wgmma;
+
+template <>
+struct Wgmma<fp16_t, 64> {
+  /*! \brief d (+)= A (smem, K-major) * B (smem, K-major); scale_d = 0 overwrites d. */
+  static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(scale_d));
+  }
+  /*! \brief d (+)= A (registers, the m16n8k16 A layout per warp) * B (smem, MN-major). */
+  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  }
+};
+
+template <>
+struct Wgmma<fp16_t, 128> {
+  /*! \brief d (+)= A (smem, K-major) * B (smem, K-major); scale_d = 0 overwrites d. */
+  static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(scale_d));
+  }
+  /*! \brief d (+)= A (registers, the m16n8k16 A layout per warp) * B (smem, MN-major). */
+  static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  }
+};
+
+template <>
+struct Wgmma<bf16_t, 64> {
+  /*! \brief d (+)= A (smem, K-major) * B (smem, K-major); scale_d = 0 overwrites d. */
+  static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(scale_d));
+  }
+  /*! \brief d (+)= A (registers, the m16n8k16 A layout per warp) * B (smem, MN-major). */
+  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  }
+};
+
+template <>
+struct Wgmma<bf16_t, 128> {
+  /*! \brief d (+)= A (smem, K-major) * B (smem, K-major); scale_d = 0 overwrites d. */
+  static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(scale_d));
+  }
+  /*! \brief d (+)= A (registers, the m16n8k16 A layout per warp) * B (smem, MN-major). */
+  static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  }
+};
+
+// ---------------------------------------------------------------------------- the kernel
+
+namespace pa = prefill_attention_detail;
+
+constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+constexpr int kBlockN = 128;   // keys per tile: S is 64 x 128 per consumer warpgroup
+constexpr int kStages = 2;
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 64K
+static_assert(pa::kBlockM == 128, "two consumer warpgroups of 64 rows cover one work item");
+
+/*! \brief Dynamic shared memory: Q, the K/V ring, key flags; plus slack to align the tiles to 1024 bytes. */
+template <int D>
+constexpr int kSmemBytes = 1024 + (pa::kBlockM * D + kStages * 2 * kBlockN * D) * 2 + kStages * kBlockN + 16;
+
+struct Barriers {
+  uint64_t q_full;            // the producer's 128 threads: Q landed
+  uint64_t full[kStages];     // ... K and V of the stage landed
+  uint64_t empty[kStages];    // the consumers' 256 threads: done with the stage
+};
+
+template <typename T, int D, bool kPaged>
+__global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::PrefillParams<T> p) {
+#ifdef MLLM_KERNEL_PREFILL_SM90_BODY
+  using pa::kBlockM;
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  constexpr int kTileBytes = kBlockN * D * 2;
+  __shared__ Barriers bars;  // static shared memory: what HasSm90Path looks for
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* q_tile = smem_raw + (1024 - smem_address(smem_raw) % 1024) % 1024;  // [kBlockM, D]
+  unsigned char* kv_tiles = q_tile + kBlockM * D * 2;         // [kStages][K, V][kBlockN, D]
+  uint8_t* key_ok = kv_tiles + kStages * 2 * kTileBytes;      // [kStages][kBlockN]
+  int* any_bad = reinterpret_cast<int*>(key_ok + kStages * kBlockN);  // a bad block id was met
+
+  device::pdl_wait_primary();  // the plan (and q, k, v from earlier kernels)
+  const pa::Workspace ws(p.workspace, p.batch);
+  if (static_cast<int>(blockIdx.x) >= *ws.num_work) return;
+  const int2 item = ws.work[blockIdx.x];
+  const pa::Request req = ws.requests[item.x];
+  const int b = item.x, head = blockIdx.y, kvh = head / p.group;
+  const int row0 = item.y * kBlockM;
+  const int rows = min(kBlockM, req.len_q - row0);
+  const int shift = req.len_k - req.len_q;  // query j sits at position j + shift
+  const bool use_mask = p.mask != nullptr;
+  const bool upper = (p.causal && !use_mask) || p.window > 0;  // keys past a query's position are masked
+  int hi = req.len_k, lo = 0;  // keys the tile's rows can see: [lo, hi)
+  if (upper) hi = max(0, min(hi, row0 + rows - 1 + shift + 1));
+  if (p.window > 0) lo = max(0, row0 + shift - p.window + 1);
+  const int num_tiles = hi > lo ? (hi - lo + kBlockN - 1) / kBlockN : 0;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bars.q_full, 128);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&bars.full[s], 128);
+      mbarrier_init(&bars.empty[s], 256);
+    }
+    *any_bad = 0;
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    // ------------------------------------------------------------ producer warpgroup
+    registers_decrease<kProducerRegs>();
+    if (num_tiles == 0) return;
+    const int t = threadIdx.x;
+    const T* q_base = p.q + static_cast<int64_t>(req.q_start + row0) * p.q_stride + static_cast<int64_t>(head) * D;
+    for (int i = t; i < kBlockM * kChunks; i += 128) {
+      const int r = i / kChunks, c = i % kChunks;
+      device::cp_async_16(q_tile + sw128_offset<kBlockM>(r, c), r < rows ? q_base + r * p.q_stride + c * 8 : p.q,
+                          r < rows);
+    }
+    device::cp_async_commit();
+    const int32_t* table = kPaged ? p.block_table + static_cast<int64_t>(b) * p.table_stride : nullptr;
+    const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * D;
+    for (int kt = 0; kt < num_tiles; ++kt) {
+      const int stage = kt % kStages;
+      if (kt >= kStages) mbarrier_wait(&bars.empty[stage], (kt / kStages - 1) & 1);
+      unsigned char* k_dst = kv_tiles + stage * 2 * kTileBytes;
+      unsigned char* v_dst = k_dst + kTileBytes;
+      int bad_j = -1, bad_block = 0;  // a bad block id met by this thread (recorded once below)
+#pragma unroll 4
+      for (int i = t; i < kBlockN * kChunks; i += 128) {
+        const int r = i / kChunks, c = i % kChunks;
+        const int key = lo + kt * kBlockN + r;
+        bool ok = key < hi;
+        const T* k_src = p.k;
+        const T* v_src = p.v;
+        if (ok) {
+          if constexpr (kPaged) {
+            const uint32_t j = p.block_size.div(static_cast<uint32_t>(key));
+            const int32_t block = table[j];
+            ok = block >= 0 && block < p.num_blocks;
+            if (ok) {
+              const int64_t offset = (key - static_cast<int64_t>(j) * p.block_size.d) * row_elems +
+                                     static_cast<int64_t>(kvh) * D + c * 8;
+              k_src = p.k + block * p.k_stride + offset;
+              v_src = p.v + block * p.v_stride + offset;
+            } else if (c == 0) {
+              *any_bad = 1;
+              bad_j = j;
+              bad_block = block;
+            }
+          } else {
+            const int64_t row = req.k_start + key;
+            k_src = p.k + row * p.k_stride + static_cast<int64_t>(kvh) * D + c * 8;
+            v_src = p.v + row * p.v_stride + static_cast<int64_t>(kvh) * D + c * 8;
+          }
+        }
+        device::cp_async_16(k_dst + sw128_offset<kBlockN>(r, c), k_src, ok);
+        device::cp_async_16(v_dst + sw128_offset<kBlockN>(r, c), v_src, ok);
+        if (c == 0) key_ok[stage * kBlockN + r] = ok;
+      }
+      if (kPaged && bad_j >= 0 && head % p.group == 0) pa::record(p.error, pa::kBlockTable, b, bad_j, bad_block);
+      device::cp_async_commit();
+      if (kt == 0) {
+        device::cp_async_wait<1>();  // Q
+        fence_proxy_async();
+        mbarrier_arrive(&bars.q_full);
+      }
+      device::cp_async_wait<0>();  // this stage's K and V (zero-filled where not read)
+      fence_proxy_async();
+      mbarrier_arrive(&bars.full[stage]);
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------- consumer warpgroups
+  registers_increase<kConsumerRegs>();
+  const int consumer = threadIdx.x / 128 - 1;
+  const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+  const int wrow = consumer * 64 + warp * 16;  // the warp's first row in the tile
+  // Per lane: rows wrow + lane / 4 (h = 0) and + 8 (h = 1): running max m (log2 units), sum l, O
+  // (o[4 n + c]: columns 8 n + 2 (lane % 4) + c % 2 of row h = c / 2, the wgmma accumulator layout).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  int pos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) pos[h] = row0 + wrow + lane / 4 + 8 * h + shift;
+  const int warp_pos_min = row0 + wrow + shift, warp_pos_max = warp_pos_min + 15;
+  const int64_t mask_base = use_mask ? ws.mask_offset[b] : 0;
+
+  float s[kBlockN / 2];  // S, then P, of the current tile
+#pragma unroll
+  for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.f;
+  if (num_tiles > 0) mbarrier_wait(&bars.q_full, 0);
+  for (int kt = 0; kt < num_tiles; ++kt) {
+    const int stage = kt % kStages;
+    mbarrier_wait(&bars.full[stage], (kt / kStages) & 1);
+    const unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes;
+    const unsigned char* v_tile = k_tile + kTileBytes;
+    const int key0 = lo + kt * kBlockN;
+
+    // S [64 rows, kBlockN keys] = Q K^T: D / 16 products, 32 bytes of each row per product.
+    fence_registers(s);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const uint64_t a = sw128_descriptor(q_tile + (ks / 4) * (kBlockM * 128) + consumer * 64 * 128 + (ks % 4) * 32, 16, 1024);
+      const uint64_t bk = sw128_descriptor(k_tile + (ks / 4) * (kBlockN * 128) + (ks % 4) * 32, 16, 1024);
+      Wgmma<T, kBlockN>::ss(s, a, bk, ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(s);
+
+    // Per-key masks only in tiles that cross an edge for the warp's rows (as the mma.sync kernel).
+    const bool masked = use_mask || key0 + kBlockN > hi || *any_bad != 0 || (upper && key0 + kBlockN - 1 > warp_pos_min) ||
+                        (p.window > 0 && key0 <= warp_pos_max - p.window);
+    uint32_t keep_bits[2] = {~0u, ~0u};  // bit 2 n + e: column 8 n + 2 (lane % 4) + e
+    if (masked) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int qpos = pos[h], j = qpos - shift;
+        uint32_t bits = 0;
+#pragma unroll 1
+        for (int i = 0; i < kBlockN / 4; ++i) {
+          const int col = (i / 2) * 8 + (lane % 4) * 2 + (i & 1);
+          const int key = key0 + col;
+          bool keep = key < hi && key_ok[stage * kBlockN + col];
+          if (upper) keep = keep && key <= qpos;
+          if (p.window > 0) keep = keep && key > qpos - p.window;
+          if (use_mask && keep && j < req.len_q) {
+            const int64_t at = mask_base + static_cast<int64_t>(j) * req.len_k + key;
+            keep = at < p.mask_size && p.mask[at] != 0;
+          }
+          bits |= static_cast<uint32_t>(keep) << i;
+        }
+        keep_bits[h] = bits;
+      }
+    }
+    float sc = p.q_scale;
+    if (p.soft_cap) {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) s[i] = tanhf(s[i] * p.q_scale) * p.logit_scale;
+      sc = 1.f;
+    }
+    if (masked) {  // after the cap: tanh(-inf) would be -1
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) {
+        const int n = i / 4, c = i % 4;
+        if (!((keep_bits[c / 2] >> (2 * n + (c & 1))) & 1u)) s[i] = -INFINITY;
+      }
+    }
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) {
+      s[i] *= sc;
+      row_max[i % 4 / 2] = fmaxf(row_max[i % 4 / 2], s[i]);
+    }
+    float rescale[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(device::kFullMask, row_max[h], 1));
+      row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(device::kFullMask, row_max[h], 2));
+      const float m_new = fmaxf(m[h], row_max[h]);
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // no key yet: everything stays 0
+      rescale[h] = device::exp2_approx(m[h] - m_use[h]);
+      m[h] = m_new;
+      l[h] *= rescale[h];
+    }
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) {
+      s[i] = device::exp2_approx(s[i] - m_use[i % 4 / 2]);
+      l[i % 4 / 2] += s[i];
+    }
+    if (rescale[0] != 1.f || rescale[1] != 1.f) {
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] *= rescale[i % 4 / 2];
+    }
+    // O [64 rows, D] += P V, 16 keys per product: P's accumulator layout is the A operand's; V is
+    // [keys, D] (D contiguous), so its descriptor is MN-major (transposed): 64-column blocks
+    // kBlockN * 128 bytes apart, 8-key atoms 1024 bytes apart.
+    uint32_t pa_regs[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      pa_regs[kk][0] = device::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      pa_regs[kk][1] = device::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      pa_regs[kk][2] = device::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      pa_regs[kk][3] = device::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+    fence_registers(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      Wgmma<T, D>::rs(o, pa_regs[kk], sw128_descriptor(v_tile + kk * 16 * 128, kBlockN * 128, 1024), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(o);
+    mbarrier_arrive(&bars.empty[stage]);
+  }
+  device::pdl_launch_dependents();
+
+  // Epilogue: the rows' sums over the 4 lanes of a row, then out = O / l and lse.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(device::kFullMask, sum, 1);
+    sum += __shfl_xor_sync(device::kFullMask, sum, 2);
+    const int r = wrow + lane / 4 + 8 * h;
+    if (r >= rows) continue;
+    const int64_t token = req.q_start + row0 + r;
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;  // no key: 0 and -inf
+    T* dst = p.out + (token * p.num_heads + head) * D + (lane % 4) * 2;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + n * 8) = device::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+    }
+    if (lane % 4 == 0) p.lse[token * p.num_heads + head] = sum == 0.f ? -INFINITY : (m[h] + log2f(sum)) * pa::kLn2;
+  }
+#endif  // MLLM_KERNEL_PREFILL_SM90_BODY
+}
+
+}  // namespace mllm_kernel::gpu::prefill_attention_sm90
+
+#endif  // MLLM_KERNEL_KERNELS_PREFILL_ATTENTION_SM90_CUH_
