@@ -631,8 +631,9 @@ void LaunchPrefill(const PrefillParams<T>& p, DLDevice device) {
     if (UseSm90<T, D, kPaged>(device.device_id)) {
       namespace h = prefill_attention_sm90;
       host::LaunchKernel(1, kPlanThreads, device).enable_pdl(true)(PlanKernel<T>, p);
+      const h::TmaMaps maps = h::MakeTmaMaps<T, D, kPaged>(p);
       host::LaunchKernel(dim3(p.max_work, p.num_heads), h::kThreads, device, h::kSmemBytes<D>)
-          .enable_pdl(true)(h::PrefillKernelSm90<T, D, kPaged>, p);
+          .enable_pdl(true)(h::PrefillKernelSm90<T, D, kPaged>, p, maps);
       return;
     }
   }

@@ -24,6 +24,9 @@
 
 #include <mllm_kernel/utils.cuh>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <cstdint>
 
 // The wgmma / setmaxnreg code exists only in sm_90a device code; elsewhere the kernel is empty
@@ -79,6 +82,20 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 }
 /*! \brief Makes this thread's completed generic-proxy shared-memory writes visible to wgmma. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/*! \brief An arrival that also expects \p bytes from asynchronous (TMA) copies before the phase completes. */
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+/*! \brief TMA: the box of \p map at coordinates (c0, c1, c2) into shared memory, counted on \p bar. */
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar))
+      : "memory");
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -241,13 +258,65 @@ template <int D>
 constexpr int kSmemBytes = 1024 + (pa::kBlockM * D + kStages * 2 * kBlockN * D) * 2 + kStages * kBlockN + 16;
 
 struct Barriers {
-  uint64_t q_full;            // the producer's 128 threads: Q landed
-  uint64_t full[kStages];     // ... K and V of the stage landed
-  uint64_t empty[kStages];    // the consumers' 256 threads: done with the stage
+  uint64_t q_full;             // the producer's TMA copy of Q landed
+  uint64_t k_full[kStages];    // its 64 K loaders: the stage's K tile (and key flags) landed
+  uint64_t v_full[kStages];    // its 64 V loaders: the stage's V tile landed
+  uint64_t k_empty[kStages];   // the consumers' 256 threads: done with the stage's K tile
+  uint64_t v_empty[kStages];   // ... and with its V tile
 };
 
+/*!
+ * \brief TMA descriptors of q and, for ragged K/V, of k and v: [tokens, heads, D] each, boxes of
+ * [rows, 1 head, 64 columns] with the 128-byte swizzle (one column block of a tile). Rows past
+ * the last token read as zeros. Passed by value (__grid_constant__), so a captured CUDA graph
+ * keeps them as it keeps the pointers.
+ */
+struct TmaMaps {
+  CUtensorMap q, k, v;
+};
+
+/*! \brief Encodes one [tokens, heads, D] map (cuTensorMapEncodeTiled, found through the runtime). */
+template <typename T>
+inline void EncodeTokensMap(CUtensorMap* map, const T* base, int64_t tokens, int64_t heads, int64_t token_stride, int D,
+                            int box_rows, const char* what) {
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  host::RuntimeCheck(encode != nullptr, "prefill attention: the CUDA driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(std::max<int64_t>(tokens, 1))};  // 0 tokens: nothing is read
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * sizeof(T), static_cast<cuuint64_t>(token_stride) * sizeof(T)};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUresult result = encode(map, std::is_same_v<T, fp16_t> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                 3, const_cast<T*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  host::RuntimeCheck(result == CUDA_SUCCESS, "prefill attention: cuTensorMapEncodeTiled(", what, ") failed with CUresult ",
+                     static_cast<int>(result));
+}
+
 template <typename T, int D, bool kPaged>
-__global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::PrefillParams<T> p) {
+TmaMaps MakeTmaMaps(const pa::PrefillParams<T>& p) {
+  TmaMaps maps{};
+  EncodeTokensMap(&maps.q, p.q, p.total_q, p.num_heads, p.q_stride, D, pa::kBlockM, "q");
+  if constexpr (!kPaged) {
+    EncodeTokensMap(&maps.k, p.k, p.total_k, p.num_kv_heads, p.k_stride, D, kBlockN, "k");
+    EncodeTokensMap(&maps.v, p.v, p.total_k, p.num_kv_heads, p.v_stride, D, kBlockN, "v");
+  }
+  return maps;
+}
+
+template <typename T, int D, bool kPaged>
+__global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::PrefillParams<T> p, const __grid_constant__ TmaMaps maps) {
 #ifdef MLLM_KERNEL_PREFILL_SM90_BODY
   using pa::kBlockM;
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
@@ -276,10 +345,12 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
   const int num_tiles = hi > lo ? (hi - lo + kBlockN - 1) / kBlockN : 0;
 
   if (threadIdx.x == 0) {
-    mbarrier_init(&bars.q_full, 128);
+    mbarrier_init(&bars.q_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&bars.full[s], 128);
-      mbarrier_init(&bars.empty[s], 256);
+      mbarrier_init(&bars.k_full[s], 64);
+      mbarrier_init(&bars.v_full[s], 64);
+      mbarrier_init(&bars.k_empty[s], 256);
+      mbarrier_init(&bars.v_empty[s], 256);
     }
     *any_bad = 0;
   }
@@ -290,63 +361,75 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
     registers_decrease<kProducerRegs>();
     if (num_tiles == 0) return;
     const int t = threadIdx.x;
-    const T* q_base = p.q + static_cast<int64_t>(req.q_start + row0) * p.q_stride + static_cast<int64_t>(head) * D;
-    for (int i = t; i < kBlockM * kChunks; i += 128) {
-      const int r = i / kChunks, c = i % kChunks;
-      device::cp_async_16(q_tile + sw128_offset<kBlockM>(r, c), r < rows ? q_base + r * p.q_stride + c * 8 : p.q,
-                          r < rows);
+    if (t == 0) {  // Q: D / 64 boxes; rows past the request are another's (never written back) or zeros
+      mbarrier_arrive_expect_tx(&bars.q_full, kBlockM * D * 2);
+      for (int c = 0; c < D / 64; ++c) {
+        tma_load_3d(q_tile + c * kBlockM * 128, &maps.q, c * 64, head, req.q_start + row0, &bars.q_full);
+      }
     }
-    device::cp_async_commit();
+    // Warps 0-1 copy K tiles (and write the key flags), warps 2-3 V tiles, each on its own
+    // barriers: a K tile is handed over as soon as it lands, whatever V is doing.
+    const bool loads_k = t < 64;
+    uint64_t* full = loads_k ? bars.k_full : bars.v_full;
+    uint64_t* empty = loads_k ? bars.k_empty : bars.v_empty;
+    const T* src_base = loads_k ? p.k : p.v;
+    const int64_t src_stride = loads_k ? p.k_stride : p.v_stride;
     const int32_t* table = kPaged ? p.block_table + static_cast<int64_t>(b) * p.table_stride : nullptr;
     const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * D;
     for (int kt = 0; kt < num_tiles; ++kt) {
       const int stage = kt % kStages;
-      if (kt >= kStages) mbarrier_wait(&bars.empty[stage], (kt / kStages - 1) & 1);
-      unsigned char* k_dst = kv_tiles + stage * 2 * kTileBytes;
-      unsigned char* v_dst = k_dst + kTileBytes;
+      if (kt >= kStages) mbarrier_wait(&empty[stage], (kt / kStages - 1) & 1);
+      unsigned char* dst = kv_tiles + stage * 2 * kTileBytes + (loads_k ? 0 : kTileBytes);
+      const int key0 = lo + kt * kBlockN;
+      if (!kPaged && key0 + kBlockN <= hi) {
+        // A whole tile of the request's keys: TMA, one box per 64 columns. Tiles that end past
+        // the keys take the cp.async path below, which zero-fills: a neighbour's V rows may hold
+        // anything (0 * inf would be NaN).
+        if (loads_k) {
+          for (int r = t; r < kBlockN; r += 64) key_ok[stage * kBlockN + r] = 1;
+        }
+        if (t % 64 == 0) {
+          mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
+          for (int c = 0; c < D / 64; ++c) {
+            tma_load_3d(dst + c * kBlockN * 128, loads_k ? &maps.k : &maps.v, c * 64, kvh, req.k_start + key0, &full[stage]);
+          }
+        } else {
+          mbarrier_arrive(&full[stage]);
+        }
+        continue;
+      }
       int bad_j = -1, bad_block = 0;  // a bad block id met by this thread (recorded once below)
 #pragma unroll 4
-      for (int i = t; i < kBlockN * kChunks; i += 128) {
+      for (int i = t % 64; i < kBlockN * kChunks; i += 64) {
         const int r = i / kChunks, c = i % kChunks;
-        const int key = lo + kt * kBlockN + r;
+        const int key = key0 + r;
         bool ok = key < hi;
-        const T* k_src = p.k;
-        const T* v_src = p.v;
+        const T* src = src_base;
         if (ok) {
           if constexpr (kPaged) {
             const uint32_t j = p.block_size.div(static_cast<uint32_t>(key));
             const int32_t block = table[j];
             ok = block >= 0 && block < p.num_blocks;
             if (ok) {
-              const int64_t offset = (key - static_cast<int64_t>(j) * p.block_size.d) * row_elems +
-                                     static_cast<int64_t>(kvh) * D + c * 8;
-              k_src = p.k + block * p.k_stride + offset;
-              v_src = p.v + block * p.v_stride + offset;
-            } else if (c == 0) {
+              src = src_base + block * src_stride + (key - static_cast<int64_t>(j) * p.block_size.d) * row_elems +
+                    static_cast<int64_t>(kvh) * D + c * 8;
+            } else if (c == 0 && loads_k) {
               *any_bad = 1;
               bad_j = j;
               bad_block = block;
             }
           } else {
-            const int64_t row = req.k_start + key;
-            k_src = p.k + row * p.k_stride + static_cast<int64_t>(kvh) * D + c * 8;
-            v_src = p.v + row * p.v_stride + static_cast<int64_t>(kvh) * D + c * 8;
+            src = src_base + (req.k_start + key) * src_stride + static_cast<int64_t>(kvh) * D + c * 8;
           }
         }
-        device::cp_async_16(k_dst + sw128_offset<kBlockN>(r, c), k_src, ok);
-        device::cp_async_16(v_dst + sw128_offset<kBlockN>(r, c), v_src, ok);
-        if (c == 0) key_ok[stage * kBlockN + r] = ok;
+        device::cp_async_16(dst + sw128_offset<kBlockN>(r, c), src, ok);
+        if (loads_k && c == 0) key_ok[stage * kBlockN + r] = ok;
       }
       if (kPaged && bad_j >= 0 && head % p.group == 0) pa::record(p.error, pa::kBlockTable, b, bad_j, bad_block);
       device::cp_async_commit();
-      if (kt == 0) {
-        device::cp_async_wait<1>();  // Q
-        fence_proxy_async();
-        mbarrier_arrive(&bars.q_full);
-      }
-      device::cp_async_wait<0>();  // this stage's K and V (zero-filled where not read)
+      device::cp_async_wait<0>();  // this stage's tile (zero-filled where not read)
       fence_proxy_async();
-      mbarrier_arrive(&bars.full[stage]);
+      mbarrier_arrive(&full[stage]);
     }
     return;
   }
@@ -367,21 +450,14 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
   for (int h = 0; h < 2; ++h) pos[h] = row0 + wrow + lane / 4 + 8 * h + shift;
   const int warp_pos_min = row0 + wrow + shift, warp_pos_max = warp_pos_min + 15;
   const int64_t mask_base = use_mask ? ws.mask_offset[b] : 0;
-
-  float s[kBlockN / 2];  // S, then P, of the current tile
+  float s[kBlockN / 2];                 // S of the current tile, then its P (float)
+  uint32_t pv[kBlockN / 16][4];         // P of the previous tile as the A operand of O += P V
 #pragma unroll
   for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.f;
-  if (num_tiles > 0) mbarrier_wait(&bars.q_full, 0);
-  for (int kt = 0; kt < num_tiles; ++kt) {
-    const int stage = kt % kStages;
-    mbarrier_wait(&bars.full[stage], (kt / kStages) & 1);
-    const unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes;
-    const unsigned char* v_tile = k_tile + kTileBytes;
-    const int key0 = lo + kt * kBlockN;
 
-    // S [64 rows, kBlockN keys] = Q K^T: D / 16 products, 32 bytes of each row per product.
-    fence_registers(s);
-    wgmma_fence();
+  // S = Q K^T of tile kt: D / 16 products, 32 bytes of each row per product.
+  auto issue_qk = [&](int stage) {
+    const unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       const uint64_t a = sw128_descriptor(q_tile + (ks / 4) * (kBlockM * 128) + consumer * 64 * 128 + (ks % 4) * 32, 16, 1024);
@@ -389,12 +465,33 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
       Wgmma<T, kBlockN>::ss(s, a, bk, ks > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(s);
-
+  };
+  // O += P V, 16 keys per product: V is [keys, D] (D contiguous), so its descriptor is MN-major
+  // (transposed): 64-column blocks kBlockN * 128 bytes apart, 8-key atoms 1024 bytes apart.
+  auto issue_pv = [&](int stage) {
+    const unsigned char* v_tile = kv_tiles + stage * 2 * kTileBytes + kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      Wgmma<T, D>::rs(o, pv[kk], sw128_descriptor(v_tile + kk * 16 * 128, kBlockN * 128, 1024), 1);
+    }
+    wgmma_commit();
+  };
+  // P's float accumulator layout is the A operand's register layout.
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pv[kk][e] = device::pack2<T>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+    }
+  };
+  // Masks, logits, the running max and sum of tile kt; s becomes P (unnormalized, in the new
+  // max's frame) and rescale the factor that moves O to that frame.
+  auto softmax = [&](int kt, float (&rescale)[2]) {
+    const int stage = kt % kStages;
+    const int key0 = lo + kt * kBlockN;
     // Per-key masks only in tiles that cross an edge for the warp's rows (as the mma.sync kernel).
-    const bool masked = use_mask || key0 + kBlockN > hi || *any_bad != 0 || (upper && key0 + kBlockN - 1 > warp_pos_min) ||
-                        (p.window > 0 && key0 <= warp_pos_max - p.window);
+    const bool masked = use_mask || key0 + kBlockN > hi || *any_bad != 0 ||
+                        (upper && key0 + kBlockN - 1 > warp_pos_min) || (p.window > 0 && key0 <= warp_pos_max - p.window);
     uint32_t keep_bits[2] = {~0u, ~0u};  // bit 2 n + e: column 8 n + 2 (lane % 4) + e
     if (masked) {
 #pragma unroll
@@ -436,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
       s[i] *= sc;
       row_max[i % 4 / 2] = fmaxf(row_max[i % 4 / 2], s[i]);
     }
-    float rescale[2], m_use[2];
+    float m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(device::kFullMask, row_max[h], 1));
@@ -452,31 +549,64 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
       s[i] = device::exp2_approx(s[i] - m_use[i % 4 / 2]);
       l[i % 4 / 2] += s[i];
     }
-    if (rescale[0] != 1.f || rescale[1] != 1.f) {
+  };
+
+  // The two consumers take turns at the tensor cores (named barriers 1 and 2: "consumer c may
+  // issue"): one issues its products while the other runs its softmax. Within a consumer, O += P V
+  // of tile kt - 1 runs while the softmax of tile kt does. Each issue block waits for its turn and
+  // passes it on; consumer 1's first pass starts the exchange and its last one is left out, so
+  // that every arrival is matched.
+  auto wait_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory"); };
+  auto pass_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory"); };
+  if (num_tiles > 0) {
+    float rescale[2];
+    if (consumer == 1) pass_turn();
+    mbarrier_wait(&bars.q_full, 0);
+    mbarrier_wait(&bars.k_full[0], 0);
+    wait_turn();
+    fence_registers(s);
+    wgmma_fence();
+    issue_qk(0);
+    pass_turn();
+    wgmma_wait<0>();
+    fence_registers(s);
+    softmax(0, rescale);  // O is still 0: nothing to rescale
+    mbarrier_arrive(&bars.k_empty[0]);
+    for (int kt = 1; kt < num_tiles; ++kt) {
+      const int stage = kt % kStages, prev = (kt - 1) % kStages;
+      pack_p();
+      mbarrier_wait(&bars.k_full[stage], (kt / kStages) & 1);
+      wait_turn();
+      fence_registers(s);
+      fence_registers(o);
+      wgmma_fence();
+      issue_qk(stage);
+      mbarrier_wait(&bars.v_full[prev], ((kt - 1) / kStages) & 1);
+      issue_pv(prev);
+      pass_turn();
+      wgmma_wait<1>();  // S of tile kt
+      fence_registers(s);
+      softmax(kt, rescale);
+      mbarrier_arrive(&bars.k_empty[stage]);
+      wgmma_wait<0>();  // O += P V of tile kt - 1
+      fence_registers(o);
+      mbarrier_arrive(&bars.v_empty[prev]);
+      if (rescale[0] != 1.f || rescale[1] != 1.f) {
 #pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] *= rescale[i % 4 / 2];
+        for (int i = 0; i < D / 2; ++i) o[i] *= rescale[i % 4 / 2];
+      }
     }
-    // O [64 rows, D] += P V, 16 keys per product: P's accumulator layout is the A operand's; V is
-    // [keys, D] (D contiguous), so its descriptor is MN-major (transposed): 64-column blocks
-    // kBlockN * 128 bytes apart, 8-key atoms 1024 bytes apart.
-    uint32_t pa_regs[kBlockN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      pa_regs[kk][0] = device::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-      pa_regs[kk][1] = device::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-      pa_regs[kk][2] = device::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-      pa_regs[kk][3] = device::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    const int last = (num_tiles - 1) % kStages;
+    pack_p();
+    mbarrier_wait(&bars.v_full[last], ((num_tiles - 1) / kStages) & 1);
+    wait_turn();
     fence_registers(o);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      Wgmma<T, D>::rs(o, pa_regs[kk], sw128_descriptor(v_tile + kk * 16 * 128, kBlockN * 128, 1024), 1);
-    }
-    wgmma_commit();
+    issue_pv(last);
+    if (consumer == 0) pass_turn();
     wgmma_wait<0>();
     fence_registers(o);
-    mbarrier_arrive(&bars.empty[stage]);
+    mbarrier_arrive(&bars.v_empty[last]);
   }
   device::pdl_launch_dependents();
 
