@@ -1,7 +1,9 @@
 /*!
  * \file kernels/prefill_attention/prefill_attention.cuh
- * \brief CUDA prefill attention over ragged K/V or the paged KV cache (FlashAttention-2 style,
- * mma.sync tensor cores, sm_80+), on torch's current stream (arguments: prefill_attention.hpp).
+ * \brief CUDA prefill attention over ragged K/V or the paged KV cache, on torch's current stream
+ * (arguments: prefill_attention.hpp): FlashAttention-2 style with mma.sync tensor cores (sm_80+,
+ * this file), or on sm_90a for head_dim 64 and 128 the Hopper kernel of
+ * prefill_attention_sm90.cuh (wgmma, TMA, warp specialization), chosen by LaunchPrefill.
  *
  * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
  * mllm_kernel::gpu::prefill_attention and mllm_kernel::gpu::paged_prefill_attention.
@@ -591,19 +593,23 @@ namespace prefill_attention_detail {
 
 // ---------------------------------------------------------------------------- launch
 
-/*!
- * \brief Whether the Hopper kernel for these template arguments can run on \p device: an sm_90
- * GPU, and a binary with the kernel's sm_90a body (only that body has static shared memory: its
- * mbarriers). MLLM_KERNEL_PREFILL_BACKEND=fa2 turns it off (to compare the two), =sm90 makes its
- * absence an error. Queried once per device.
- */
-template <typename T, int D, bool kPaged>
-bool UseSm90(int device) {
+/*! \brief MLLM_KERNEL_PREFILL_BACKEND: auto (default), fa2 (the mma.sync kernel) or sm90 (the Hopper one, required). */
+inline std::string_view PrefillBackend() {
   const char* backend = std::getenv("MLLM_KERNEL_PREFILL_BACKEND");
   const std::string_view choice = backend == nullptr ? "auto" : backend;
   host::ValueCheck(choice == "auto" || choice == "fa2" || choice == "sm90",
                    "MLLM_KERNEL_PREFILL_BACKEND must be auto, fa2 or sm90, got '", choice, "'");
-  if (choice == "fa2" || D > 128) return false;
+  return choice;
+}
+
+/*!
+ * \brief Whether the Hopper kernel for these template arguments can run on \p device: an sm_90
+ * GPU, and a binary with the kernel's sm_90a body (only that body has static shared memory: its
+ * mbarriers). Queried once per device; with backend "sm90" its absence is an error.
+ */
+template <typename T, int D, bool kPaged>
+bool HasSm90(int device, std::string_view backend) {
+  if (D > 128) return false;
   constexpr int kMaxCachedDevices = 64;
   static std::atomic<int> cache[kMaxCachedDevices] = {};  // 0: not queried, 1: yes, 2: no
   int known = device >= 0 && device < kMaxCachedDevices ? cache[device].load(std::memory_order_relaxed) : 0;
@@ -620,7 +626,7 @@ bool UseSm90(int device) {
     known = usable ? 1 : 2;
     if (device >= 0 && device < kMaxCachedDevices) cache[device].store(known, std::memory_order_relaxed);
   }
-  host::ValueCheck(known == 1 || choice != "sm90", "MLLM_KERNEL_PREFILL_BACKEND=sm90: cuda:", device,
+  host::ValueCheck(known == 1 || backend != "sm90", "MLLM_KERNEL_PREFILL_BACKEND=sm90: cuda:", device,
                    " has no sm_90a prefill kernel for head_dim ", D, " (needs an H100/H200 and a build for sm_90a)");
   return known == 1;
 }
@@ -628,14 +634,20 @@ bool UseSm90(int device) {
 template <typename T, int D, bool kPaged>
 void LaunchPrefill(const PrefillParams<T>& p, DLDevice device) {
   if constexpr (D <= 128) {
-    if (UseSm90<T, D, kPaged>(device.device_id)) {
-      namespace h = prefill_attention_sm90;
-      host::LaunchKernel(1, kPlanThreads, device).enable_pdl(true)(PlanKernel<T>, p);
+    namespace h = prefill_attention_sm90;
+    const std::string_view backend = PrefillBackend();
+    // Automatically, paged caches whose pages the Hopper kernel cannot copy by TMA (block size 1,
+    // odd sizes) stay on the mma.sync kernel, which copies them faster.
+    if (backend != "fa2" && HasSm90<T, D, kPaged>(device.device_id, backend) &&
+        (!kPaged || backend == "sm90" || h::PagedBoxRows(p.block_size.d) > 0)) {
       const h::TmaMaps maps = h::MakeTmaMaps<T, D, kPaged>(p);
+      host::LaunchKernel(1, kPlanThreads, device).enable_pdl(true)(PlanKernel<T>, p);
       host::LaunchKernel(dim3(p.max_work, p.num_heads), h::kThreads, device, h::kSmemBytes<D>)
           .enable_pdl(true)(h::PrefillKernelSm90<T, D, kPaged>, p, maps);
       return;
     }
+  } else {
+    PrefillBackend();  // a misspelt name is an error at every head_dim
   }
   const int64_t limit = host::MaxSharedMemoryPerBlock(device.device_id);
   host::ValueCheck(kSmemBytes<D> <= limit, kPaged ? "paged_prefill_attention" : "prefill_attention", ": head_dim ", D,

@@ -2,17 +2,20 @@
  * \file kernels/prefill_attention/prefill_attention_sm90.cuh
  * \brief The Hopper (sm_90a) path of prefill attention: wgmma tensor-core products fed by a
  * producer warpgroup (warp specialization), included by prefill_attention.cuh, which picks it on
- * GPUs whose binary has it (HasSm90Path) for head_dim 64 and 128.
+ * GPUs whose binary has it (HasSm90) for head_dim 64 and 128.
  *
  * One CTA per (work item of PlanKernel, query head), 384 threads in three warpgroups:
- *  - warpgroup 0 is the producer: it copies the Q tile once and then each K and V tile of
- *    kBlockN keys into a two-stage ring (cp.async, which serves ragged and paged K/V alike and
- *    zero-fills keys that must not be read), and signals each copy on an mbarrier ("full");
+ *  - warpgroup 0 is the producer. Its thread 0 copies the Q tile with TMA; warps 0-1 copy each
+ *    K tile of kBlockN keys and warps 2-3 each V tile into two-stage rings, on barriers of their
+ *    own ("full", "empty"). Whole tiles of a request's keys go by TMA (ragged K/V, or pages of 16
+ *    to 128 rows that tile kBlockN); the rest (a request's last partial tile, small or odd pages,
+ *    a bad block id) by cp.async, which zero-fills keys that must not be read.
  *  - warpgroups 1 and 2 are consumers of 64 query rows each: S = Q K^T with shared-memory
- *    operands (wgmma m64n128k16), the online softmax in registers, O += P V with P from registers
- *    and V transposed by the descriptor, then an "empty" arrival that hands the stage back.
- * setmaxnreg moves registers from the producer (address arithmetic only) to the consumers (S and
- * O accumulators: 64 + D/2 floats per thread).
+ *    operands (wgmma m64n128k16), the online softmax in registers, O += P V with P from
+ *    registers and V transposed by the descriptor. O += P V of tile kt - 1 is issued with S of
+ *    tile kt and runs during its softmax; the two consumers take turns issuing (named barriers),
+ *    so one's softmax overlaps the other's products.
+ * setmaxnreg moves registers from the producer to the consumers.
  *
  * Shared-memory tiles use the 128-byte swizzle that wgmma descriptors name: a [rows, D] tile is
  * stored as D / 64 column blocks of [rows, 64] (128 bytes a row), 16-byte chunk c of row r at
@@ -30,7 +33,7 @@
 #include <cstdint>
 
 // The wgmma / setmaxnreg code exists only in sm_90a device code; elsewhere the kernel is empty
-// and HasSm90Path (no static shared memory in it) keeps it from being launched.
+// and HasSm90 (no static shared memory in it) keeps it from being launched.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MLLM_KERNEL_PREFILL_SM90_BODY 1
 #endif
@@ -94,6 +97,15 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
           smem_address(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(
+          smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_address(bar))
       : "memory");
 }
 
@@ -249,7 +261,7 @@ namespace pa = prefill_attention_detail;
 
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int kBlockN = 128;   // keys per tile: S is 64 x 128 per consumer warpgroup
-constexpr int kStages = 2;
+constexpr int kStages = 3;  // at head_dim 128: 32 KiB of Q + 3 x 64 KiB of K/V, just under the 227 KiB a block may use
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 64K
 static_assert(pa::kBlockM == 128, "two consumer warpgroups of 64 rows cover one work item");
 
@@ -266,19 +278,21 @@ struct Barriers {
 };
 
 /*!
- * \brief TMA descriptors of q and, for ragged K/V, of k and v: [tokens, heads, D] each, boxes of
- * [rows, 1 head, 64 columns] with the 128-byte swizzle (one column block of a tile). Rows past
- * the last token read as zeros. Passed by value (__grid_constant__), so a captured CUDA graph
- * keeps them as it keeps the pointers.
+ * \brief TMA descriptors: q [tokens, heads, D]; k and v the same when ragged, or the paged caches
+ * [blocks, block_size, heads, D] when `paged_rows` > 0 (boxes of that many rows of one page).
+ * Boxes hold one head's 64 columns with the 128-byte swizzle (one column block of a tile); rows
+ * past the last token read as zeros. Passed by value (__grid_constant__), so a captured CUDA
+ * graph keeps them as it keeps the pointers.
  */
 struct TmaMaps {
   CUtensorMap q, k, v;
+  int paged_rows;  // paged: rows per box (0: the paged caches are copied with cp.async only)
 };
 
-/*! \brief Encodes one [tokens, heads, D] map (cuTensorMapEncodeTiled, found through the runtime). */
-template <typename T>
-inline void EncodeTokensMap(CUtensorMap* map, const T* base, int64_t tokens, int64_t heads, int64_t token_stride, int D,
-                            int box_rows, const char* what) {
+/*! \brief cuTensorMapEncodeTiled (found through the runtime) of a 16-bit tensor, 128-byte swizzle. */
+template <typename T, int kRank>
+inline void EncodeMap(CUtensorMap* map, const T* base, const cuuint64_t (&dims)[kRank],
+                      const cuuint64_t (&byte_strides)[kRank - 1], const cuuint32_t (&box)[kRank], const char* what) {
   static const auto encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -291,17 +305,33 @@ inline void EncodeTokensMap(CUtensorMap* map, const T* base, int64_t tokens, int
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   host::RuntimeCheck(encode != nullptr, "prefill attention: the CUDA driver has no cuTensorMapEncodeTiled");
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(heads),
-                              static_cast<cuuint64_t>(std::max<int64_t>(tokens, 1))};  // 0 tokens: nothing is read
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * sizeof(T), static_cast<cuuint64_t>(token_stride) * sizeof(T)};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t unit[3] = {1, 1, 1};
-  const CUresult result = encode(map, std::is_same_v<T, fp16_t> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                                 3, const_cast<T*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  cuuint32_t unit[kRank];
+  for (int i = 0; i < kRank; ++i) unit[i] = 1;
+  const CUresult result =
+      encode(map, std::is_same_v<T, fp16_t> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kRank,
+             const_cast<T*>(base), dims, byte_strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   host::RuntimeCheck(result == CUDA_SUCCESS, "prefill attention: cuTensorMapEncodeTiled(", what, ") failed with CUresult ",
                      static_cast<int>(result));
+}
+
+/*! \brief [tokens, heads, D] with a token stride; 0 tokens encode as 1 (nothing is read then). */
+template <typename T>
+inline void EncodeTokensMap(CUtensorMap* map, const T* base, int64_t tokens, int64_t heads, int64_t token_stride, int D,
+                            int box_rows, const char* what) {
+  EncodeMap<T, 3>(map, base, {cuuint64_t(D), cuuint64_t(heads), cuuint64_t(std::max<int64_t>(tokens, 1))},
+                  {cuuint64_t(D) * sizeof(T), cuuint64_t(token_stride) * sizeof(T)},
+                  {64, 1, cuuint32_t(box_rows)}, what);
+}
+
+/*!
+ * \brief Rows per paged box: whole pages of 16 to 128 rows that tile kBlockN, or kBlockN rows of
+ * larger pages that kBlockN divides; 0 (cp.async only) for other block sizes.
+ */
+inline int PagedBoxRows(int64_t block_size) {
+  if (block_size >= 16 && block_size <= kBlockN && kBlockN % block_size == 0) return static_cast<int>(block_size);
+  if (block_size > kBlockN && block_size % kBlockN == 0) return kBlockN;
+  return 0;
 }
 
 template <typename T, int D, bool kPaged>
@@ -311,6 +341,16 @@ TmaMaps MakeTmaMaps(const pa::PrefillParams<T>& p) {
   if constexpr (!kPaged) {
     EncodeTokensMap(&maps.k, p.k, p.total_k, p.num_kv_heads, p.k_stride, D, kBlockN, "k");
     EncodeTokensMap(&maps.v, p.v, p.total_k, p.num_kv_heads, p.v_stride, D, kBlockN, "v");
+  } else if (const int rows = PagedBoxRows(p.block_size.d); rows > 0 && p.num_blocks > 0) {
+    const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(p.num_kv_heads), cuuint64_t(p.block_size.d),
+                                cuuint64_t(p.num_blocks)};
+    const cuuint32_t box[4] = {64, 1, cuuint32_t(rows), 1};
+    const cuuint64_t row_bytes = cuuint64_t(p.num_kv_heads) * D * sizeof(T);
+    EncodeMap<T, 4>(&maps.k, p.k, dims, {cuuint64_t(D) * sizeof(T), row_bytes, cuuint64_t(p.k_stride) * sizeof(T)}, box,
+                    "k_cache");
+    EncodeMap<T, 4>(&maps.v, p.v, dims, {cuuint64_t(D) * sizeof(T), row_bytes, cuuint64_t(p.v_stride) * sizeof(T)}, box,
+                    "v_cache");
+    maps.paged_rows = rows;
   }
   return maps;
 }
@@ -321,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
   using pa::kBlockM;
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kTileBytes = kBlockN * D * 2;
-  __shared__ Barriers bars;  // static shared memory: what HasSm90Path looks for
+  __shared__ Barriers bars;  // static shared memory: what HasSm90 looks for
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* q_tile = smem_raw + (1024 - smem_address(smem_raw) % 1024) % 1024;  // [kBlockM, D]
   unsigned char* kv_tiles = q_tile + kBlockM * D * 2;         // [kStages][K, V][kBlockN, D]
@@ -378,9 +418,26 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
     const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * D;
     for (int kt = 0; kt < num_tiles; ++kt) {
       const int stage = kt % kStages;
+      const int key0 = lo + kt * kBlockN;
+      // Paged: the tile's block ids, read before waiting for the stage (their latency overlaps
+      // the wait); the tile goes by TMA when they are all valid.
+      constexpr int kMaxBoxes = kBlockN / 16;
+      int32_t blocks[kMaxBoxes];
+      bool paged_tma = false;
+      if constexpr (kPaged) {
+        if (maps.paged_rows > 0 && key0 + kBlockN <= hi && key0 % maps.paged_rows == 0) {
+          paged_tma = true;
+#pragma unroll
+          for (int i = 0; i < kMaxBoxes; ++i) {
+            if (i < kBlockN / maps.paged_rows) {
+              blocks[i] = table[p.block_size.div(static_cast<uint32_t>(key0 + i * maps.paged_rows))];
+              paged_tma = paged_tma && blocks[i] >= 0 && blocks[i] < p.num_blocks;
+            }
+          }
+        }
+      }
       if (kt >= kStages) mbarrier_wait(&empty[stage], (kt / kStages - 1) & 1);
       unsigned char* dst = kv_tiles + stage * 2 * kTileBytes + (loads_k ? 0 : kTileBytes);
-      const int key0 = lo + kt * kBlockN;
       if (!kPaged && key0 + kBlockN <= hi) {
         // A whole tile of the request's keys: TMA, one box per 64 columns. Tiles that end past
         // the keys take the cp.async path below, which zero-fills: a neighbour's V rows may hold
@@ -392,6 +449,30 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
           mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
           for (int c = 0; c < D / 64; ++c) {
             tma_load_3d(dst + c * kBlockN * 128, loads_k ? &maps.k : &maps.v, c * 64, kvh, req.k_start + key0, &full[stage]);
+          }
+        } else {
+          mbarrier_arrive(&full[stage]);
+        }
+        continue;
+      }
+      if (paged_tma) {
+        // Whole pages (or page slices) of valid block ids: one box per page and 64 columns. A
+        // bad id sends the tile to the cp.async path, which masks its keys and records it.
+        if (loads_k) {
+          for (int r = t; r < kBlockN; r += 64) key_ok[stage * kBlockN + r] = 1;
+        }
+        if (t % 64 == 0) {
+          mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
+#pragma unroll
+          for (int i = 0; i < kMaxBoxes; ++i) {
+            if (i < kBlockN / maps.paged_rows) {
+              const int key = key0 + i * maps.paged_rows;
+              const int row = key - static_cast<int>(p.block_size.div(static_cast<uint32_t>(key)) * p.block_size.d);
+              for (int c = 0; c < D / 64; ++c) {
+                tma_load_4d(dst + c * kBlockN * 128 + i * maps.paged_rows * 128, loads_k ? &maps.k : &maps.v, c * 64, kvh,
+                            row, blocks[i], &full[stage]);
+              }
+            }
           }
         } else {
           mbarrier_arrive(&full[stage]);
