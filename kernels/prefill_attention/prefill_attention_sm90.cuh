@@ -267,7 +267,7 @@ static_assert(pa::kBlockM == 128, "two consumer warpgroups of 64 rows cover one 
 
 /*! \brief Dynamic shared memory: Q, the K/V ring, key flags; plus slack to align the tiles to 1024 bytes. */
 template <int D>
-constexpr int kSmemBytes = 1024 + (pa::kBlockM * D + kStages * 2 * kBlockN * D) * 2 + kStages * kBlockN + 16;
+constexpr int kSmemBytes = 1024 + (pa::kBlockM * D + kStages * 2 * kBlockN * D) * 2 + kStages * kBlockN;
 
 struct Barriers {
   uint64_t q_full;             // the producer's TMA copy of Q landed
@@ -366,7 +366,6 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
   unsigned char* q_tile = smem_raw + (1024 - smem_address(smem_raw) % 1024) % 1024;  // [kBlockM, D]
   unsigned char* kv_tiles = q_tile + kBlockM * D * 2;         // [kStages][K, V][kBlockN, D]
   uint8_t* key_ok = kv_tiles + kStages * 2 * kTileBytes;      // [kStages][kBlockN]
-  int* any_bad = reinterpret_cast<int*>(key_ok + kStages * kBlockN);  // a bad block id was met
 
   device::pdl_wait_primary();  // the plan (and q, k, v from earlier kernels)
   const pa::Workspace ws(p.workspace, p.batch);
@@ -392,7 +391,6 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
       mbarrier_init(&bars.k_empty[s], 256);
       mbarrier_init(&bars.v_empty[s], 256);
     }
-    *any_bad = 0;
   }
   __syncthreads();
 
@@ -495,7 +493,6 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
               src = src_base + block * src_stride + (key - static_cast<int64_t>(j) * p.block_size.d) * row_elems +
                     static_cast<int64_t>(kvh) * D + c * 8;
             } else if (c == 0 && loads_k) {
-              *any_bad = 1;
               bad_j = j;
               bad_block = block;
             }
@@ -571,7 +568,18 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
     const int stage = kt % kStages;
     const int key0 = lo + kt * kBlockN;
     // Per-key masks only in tiles that cross an edge for the warp's rows (as the mma.sync kernel).
-    const bool masked = use_mask || key0 + kBlockN > hi || *any_bad != 0 ||
+    // A whole tile with a key flag of 0 met a bad block id (paged only: the flags travel with
+    // the stage, so no flag shared across stages is read while the producer writes it).
+    bool bad_block = false;
+    if constexpr (kPaged) {
+      const uint4* flags = reinterpret_cast<const uint4*>(key_ok + stage * kBlockN);
+#pragma unroll
+      for (int i = 0; i < kBlockN / 16; ++i) {
+        const uint4 f = flags[i];
+        bad_block = bad_block || (f.x & f.y & f.z & f.w) != 0x01010101u;
+      }
+    }
+    const bool masked = use_mask || key0 + kBlockN > hi || bad_block ||
                         (upper && key0 + kBlockN - 1 > warp_pos_min) || (p.window > 0 && key0 <= warp_pos_max - p.window);
     uint32_t keep_bits[2] = {~0u, ~0u};  // bit 2 n + e: column 8 n + 2 (lane % 4) + e
     if (masked) {
