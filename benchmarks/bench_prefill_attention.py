@@ -100,11 +100,15 @@ def bench_row(batch, seq, head_dim, causal, args) -> dict:
     row["pct_matmul"] = 100 * row["ours_tflops"] / args.matmul
     # Ours again through the mma.sync kernel alone (on a Hopper GPU the automatic choice is the
     # wgmma kernel for head_dim <= 128): what the Hopper path adds.
+    chosen = os.environ.get("MLLM_KERNEL_PREFILL_BACKEND")
     os.environ["MLLM_KERNEL_PREFILL_BACKEND"] = "fa2"
     try:
         row["ours_mma_ms"] = time_calls(ours)
-    finally:
-        del os.environ["MLLM_KERNEL_PREFILL_BACKEND"]
+    finally:  # the caller's choice back, if it made one
+        if chosen is None:
+            del os.environ["MLLM_KERNEL_PREFILL_BACKEND"]
+        else:
+            os.environ["MLLM_KERNEL_PREFILL_BACKEND"] = chosen
 
     if flashinfer is not None and head_dim in args.fi_head_dims:
         for backend in ("fa2", "fa3"):

@@ -129,6 +129,7 @@ def prefill_attention_calls():
     # On an H100/H200 both kernels by name (the Hopper one takes head_dim 64/128, and block size
     # 7 through its cp.async path); elsewhere "sm90" raises, so only the automatic choice runs.
     backends = ("auto", "fa2", "sm90") if torch.cuda.get_device_capability() == (9, 0) else ("auto",)
+    chosen = os.environ.get("MLLM_KERNEL_PREFILL_BACKEND")
     for backend, dtype in ((b, d) for b in backends for d in (torch.float16, torch.bfloat16)):
         os.environ["MLLM_KERNEL_PREFILL_BACKEND"] = backend
         for head_dim, heads, kv_heads, block in ((64, 8, 2, 7), (128, 16, 2, 16), (256, 8, 8, 1)):
@@ -159,7 +160,10 @@ def prefill_attention_calls():
             if None in bad:
                 raise RuntimeError(f"prefill_attention: a bad input was not recorded: {bad}")
         yield f"prefill_attention {dtype} ({backend})"
-    del os.environ["MLLM_KERNEL_PREFILL_BACKEND"]
+    if chosen is None:
+        del os.environ["MLLM_KERNEL_PREFILL_BACKEND"]
+    else:
+        os.environ["MLLM_KERNEL_PREFILL_BACKEND"] = chosen
 
 
 def main() -> int:
