@@ -35,8 +35,8 @@ def run_all():
                 mk.gelu_and_mul(x[:, : hidden // 2 * 2], approximate="tanh")
                 mk.softmax(x, temperature=0.7)
                 mk.log_softmax(x)
-        long_rows = torch.randn(2, 151936, device="cuda", dtype=dtype)  # softmax: partly cached rows
-        for x in (long_rows, unaligned((2, 151936), dtype)):
+        long_rows = torch.randn(2, 151936, device="cuda", dtype=dtype)  # softmax: rows over clusters
+        for x in (long_rows, unaligned((2, 151936), dtype), torch.randn(1, 1_000_003, device="cuda", dtype=dtype)):
             mk.softmax(x)
             mk.log_softmax(x)
         yield f"norm/activation/softmax {dtype}"
@@ -46,6 +46,14 @@ def run_all():
         mk.top_k_top_p_sample(logits, torch.tensor([0, 1, 7, 32001], device="cuda"),
                               torch.tensor([1.0, 0.5, 0.9, 0.01], device="cuda"), generator=g)
         mk.min_p_sample(torch.softmax(logits.float(), -1).to(dtype), 0.1, generator=g)
+        # Every launch plan: a row over 16 blocks, rows too long for shared memory, one block per
+        # row, and an unaligned row.
+        for logits in (torch.randn(1, 151936, device="cuda", dtype=dtype), torch.randn(2, 600_001, device="cuda", dtype=dtype),
+                       torch.randn(300, 999, device="cuda", dtype=dtype), unaligned((3, 70001), dtype)):
+            mk.greedy_sample(logits)
+            mk.top_k_top_p_sample(logits, 50, 0.9, generator=g)
+            mk.top_k_top_p_sample(logits, 0, 0.5, generator=g)
+            mk.min_p_sample(torch.softmax(logits.float(), -1).to(dtype), 0.1, generator=g)
         yield f"sampling {dtype}"
         tokens, heads, kv_heads, head_dim = 7, 8, 2, 80
         qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device="cuda", dtype=dtype)

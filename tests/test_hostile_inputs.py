@@ -620,7 +620,7 @@ def generator_rows() -> Iterator[Row]:
     yield succeeds("generator = None", setter(generator=None))
 
 
-def top_k_top_p_param_rows() -> Iterator[Row]:
+def top_k_param_rows() -> Iterator[Row]:
     yield raises("top_k = None", setter(top_k=None), TYPE, "top_k")
     yield raises("top_k = '5'", setter(top_k="5"), TYPE, "top_k")
     yield raises("top_k = 2.5", setter(top_k=2.5), VALUE, "top_k")
@@ -628,6 +628,15 @@ def top_k_top_p_param_rows() -> Iterator[Row]:
     yield raises("top_k float32 tensor", setter(top_k=torch.full((4,), 5.0)), TYPE, "top_k")
     yield raises("top_k int64 [batch + 1]", setter(top_k=torch.full((5,), 5)), VALUE, "top_k")
     yield raises("top_k meta tensor", setter(top_k=torch.full((4,), 5, device="meta")), VALUE, "top_k")
+    yield succeeds("top_k = 0 (disabled)", setter(top_k=0))
+    yield succeeds("top_k = -5 (disabled)", setter(top_k=-5))
+    yield succeeds("top_k = 1 (greedy)", setter(top_k=1))
+    yield succeeds("top_k > vocab", setter(top_k=10**6))
+    yield succeeds("top_k = 2**63 - 1", setter(top_k=2**63 - 1))
+    yield succeeds("top_k per-row tensor", setter(top_k=torch.tensor([7, 0, 1, 64])))
+
+
+def top_p_param_rows() -> Iterator[Row]:
     yield raises("top_p = None", setter(top_p=None), TYPE, "top_p")
     yield raises("top_p = 'all'", setter(top_p="all"), TYPE, "top_p")
     yield from float_value_rows("top_p", (math.nan, math.inf, -math.inf, 0.0, -0.5, 1.5))
@@ -636,14 +645,15 @@ def top_k_top_p_param_rows() -> Iterator[Row]:
     yield checked_on_cpu_clamped_on_cuda("top_p tensor with a NaN", setter(top_p=torch.tensor([0.5, math.nan, 0.5, 0.5])),
                                          "top_p")
     yield checked_on_cpu_clamped_on_cuda("top_p tensor with 0", setter(top_p=torch.tensor([0.5, 0.0, 0.5, 0.5])), "top_p")
-    yield succeeds("top_k = 0 (disabled)", setter(top_k=0))
-    yield succeeds("top_k = -5 (disabled)", setter(top_k=-5))
-    yield succeeds("top_k = 1 (greedy)", setter(top_k=1))
-    yield succeeds("top_k > vocab", setter(top_k=10**6))
-    yield succeeds("top_k = 2**63 - 1", setter(top_k=2**63 - 1))
     yield succeeds("top_p = 1e-30 (top token only)", setter(top_p=1e-30))
     yield succeeds("top_p = 5e-324 (top token only)", setter(top_p=5e-324))
     yield succeeds("top_p = 1 (disabled)", setter(top_p=1.0))
+    yield succeeds("top_p per-row tensor", setter(top_p=torch.tensor([0.5, 1.0, 0.9, 0.01])))
+
+
+def top_k_top_p_param_rows() -> Iterator[Row]:
+    yield from top_k_param_rows()
+    yield from top_p_param_rows()
     yield succeeds("top_k, top_p per-row tensors", setter(top_k=torch.full((4,), 7), top_p=torch.full((4,), 0.5)))
 
 
@@ -696,6 +706,49 @@ def min_p_uniform_rows(spec: OpSpec) -> Iterator[Row]:
     yield from sample_rows_rows("probs")
     yield from min_p_param_rows()
     yield from uniforms_rows()
+
+
+FILTER_OPS = ("top_k_mask_logits", "top_k_renorm_probs", "top_p_renorm_probs")
+
+
+def _filter_spec(name: str) -> OpSpec:
+    scores, param = ("logits", "top_k") if name == "top_k_mask_logits" else ("probs", name[:5])
+
+    def reference(a):
+        x = a[scores]
+        values = a[param] if isinstance(a[param], torch.Tensor) else [a[param]] * x.shape[0]
+        if param == "top_p":  # CUDA clamps into [0, 1] (NaN -> 0); 0 keeps the top token only
+            values = [max(2.0**-149, 0.0 if math.isnan(float(v)) else min(max(float(v), 0.0), 1.0)) for v in values]
+        return ref("sampling", "ref_filter")(name, x, [float(v) for v in values]).to(x.dtype)
+
+    valid = lambda: {scores: _logits() if scores == "logits" else _probs(), param: 7 if param == "top_k" else 0.7}  # noqa: E731
+    per_row = {"top_k": lambda: torch.full((4,), 7), "top_p": lambda: torch.full((4,), 0.7)}
+    return OpSpec(name, name, getattr(mk, name), valid=valid, reference=reference, verify_order=(scores, param),
+                  device_base=lambda a: a.update({param: per_row[param]()}))
+
+
+@table("top_k_mask_logits")
+def top_k_mask_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from sample_rows_rows("logits")
+    yield from top_k_param_rows()
+    yield succeeds("logits with ties at the k-th", lambda a: a.update(logits=torch.tensor([[1.0, 2.0, 2.0, 0.0]] * 4)))
+    yield succeeds("logits -inf everywhere", lambda a: a.update(logits=torch.full((4, SAMPLE_VOCAB), -math.inf)))
+
+
+@table("top_k_renorm_probs")
+def top_k_renorm_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from sample_rows_rows("probs")
+    yield from top_k_param_rows()
+    yield succeeds("probs all zero (rows come back as zeros)", lambda a: a.update(probs=torch.zeros(4, SAMPLE_VOCAB)))
+    yield succeeds("probs unnormalized", lambda a: a.update(probs=a["probs"] * 7))
+
+
+@table("top_p_renorm_probs")
+def top_p_renorm_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from sample_rows_rows("probs")
+    yield from top_p_param_rows()
+    yield succeeds("probs with ties at the threshold", lambda a: a.update(probs=torch.tensor([[0.3, 0.3, 0.3, 0.1]] * 4)))
+    yield succeeds("probs unnormalized", lambda a: a.update(probs=a["probs"] * 7))
 
 
 # ----------------------------------------------------------------------------- apply_rope
@@ -1808,14 +1861,13 @@ def op_specs() -> dict[str, OpSpec]:
     for name in ("greedy_sample", "top_k_top_p_sample", "top_k_top_p_sample_from_uniforms", "min_p_sample",
                  "min_p_sample_from_uniforms"):
         builders[name] = lambda name=name: _sample_spec(name)
+    for name in FILTER_OPS:
+        builders[name] = lambda name=name: _filter_spec(name)
     return {name: build() for name, build in builders.items()} | module_specs()
 
 
 def public_ops() -> list[str]:
-    names = list(registry.exports())
-    sampling = registry.package("sampling")
-    names += [n for n in dir(sampling) if n.endswith("_from_uniforms") and callable(getattr(sampling, n))]
-    return sorted(names)
+    return sorted(registry.exports())
 
 
 def device_type(device: str) -> str:

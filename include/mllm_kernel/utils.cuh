@@ -7,8 +7,9 @@
  *   cuda/reduce.cuh        kWarpThreads, max_of, warp_reduce_* and block_reduce_* (sum, max)
  *   cuda/vec.cuh           kVecBytes / kVecSize, AlignedVector, is_aligned
  *   cuda/fast_math.cuh     SFU exp2_approx / rcp_approx
- *   cuda/launch.cuh        LaunchKernel (torch's stream, PDL), pdl_wait_primary /
- *                          pdl_launch_dependents, CudaCheck / MLLM_CUDA_CHECK, compute capability
+ *   cuda/launch.cuh        LaunchKernel (torch's stream, PDL, clusters), pdl_wait_primary /
+ *                          pdl_launch_dependents, CudaCheck / MLLM_CUDA_CHECK, device attributes
+ *   cuda/cluster.cuh       cluster_rank / cluster_size / cluster_sync / cluster_peer (sm_90)
  *   cuda/error_record.cuh  record_error: a kernel's report of an out-of-range index
  *
  * Launch plans for kernel families live beside it: row_block.cuh (a row held in registers:
@@ -17,6 +18,7 @@
 #ifndef MLLM_KERNEL_UTILS_CUH_
 #define MLLM_KERNEL_UTILS_CUH_
 
+#include <mllm_kernel/cuda/cluster.cuh>
 #include <mllm_kernel/cuda/error_record.cuh>
 #include <mllm_kernel/cuda/fast_math.cuh>
 #include <mllm_kernel/cuda/launch.cuh>

@@ -7,6 +7,11 @@
   (ties kept; top_p >= 1 disables; the top token always stays).
 - min_p_sample(probs, min_p, generator=None): sample from probs restricted to
   p >= min_p * max(p), renormalized.
+- top_k_mask_logits(logits, top_k): a new tensor with the logits below each row's k-th largest
+  set to -inf (ties kept).
+- top_k_renorm_probs(probs, top_k) / top_p_renorm_probs(probs, top_p): a new tensor with the
+  probabilities that top-k / top-p (the rules above, top-p relative to the row's total mass)
+  keep, divided by their sum, and 0 elsewhere; a row that keeps no mass comes back as zeros.
 
 The uniforms are drawn here with torch (one float32 per row, from `generator` when given) and
 the kernel picks the first token, in index order, whose running kept weight exceeds u * total.
@@ -28,16 +33,24 @@ import torch
 
 from mllm_kernel.kernels.op_modules import DeviceModules, custom_op, expect_tensor, op_specs
 
-EXPORTS = ("greedy_sample", "top_k_top_p_sample", "min_p_sample")
-SPECS = op_specs(__file__, EXPORTS)
+_KERNEL_NAMES = ("greedy_sample", "top_k_top_p_sample", "min_p_sample", "top_k_mask_logits", "top_k_renorm_probs",
+                 "top_p_renorm_probs")
+# The *_from_uniforms forms are public too: with the uniforms given, sampling is reproducible in
+# tests and across devices.
+EXPORTS = _KERNEL_NAMES + ("top_k_top_p_sample_from_uniforms", "min_p_sample_from_uniforms")
+SPECS = op_specs(__file__, _KERNEL_NAMES)
 _modules = DeviceModules(SPECS)
 
 
 def _check_rows(x: torch.Tensor, op: str, name: str) -> int:
     expect_tensor(op, name, x, SPECS)
+    _check_2d(op, name, x)
+    return x.shape[0]
+
+
+def _check_2d(op: str, name: str, x: torch.Tensor) -> None:
     if x.dim() != 2:
         raise ValueError(f"{op}: {name} must be 2-D [batch, vocab], got shape {tuple(x.shape)}")
-    return x.shape[0]
 
 
 def _empty_tokens(x: torch.Tensor) -> torch.Tensor:
@@ -92,6 +105,37 @@ def _(probs, uniforms, min_p):
     return _empty_tokens(probs)
 
 
+@custom_op("top_k_mask_logits")
+def _top_k_mask_op(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    _check_2d("top_k_mask_logits", "logits", logits)
+    out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    _modules[logits.device.type].top_k_mask_logits(out, logits, top_k)
+    return out
+
+
+@custom_op("top_k_renorm_probs")
+def _top_k_renorm_op(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    _check_2d("top_k_renorm_probs", "probs", probs)
+    out = torch.empty(probs.shape, dtype=probs.dtype, device=probs.device)
+    _modules[probs.device.type].top_k_renorm_probs(out, probs, top_k)
+    return out
+
+
+@custom_op("top_p_renorm_probs")
+def _top_p_renorm_op(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    _check_2d("top_p_renorm_probs", "probs", probs)
+    out = torch.empty(probs.shape, dtype=probs.dtype, device=probs.device)
+    _modules[probs.device.type].top_p_renorm_probs(out, probs, top_p)
+    return out
+
+
+@_top_k_mask_op.register_fake
+@_top_k_renorm_op.register_fake
+@_top_p_renorm_op.register_fake
+def _(x, param):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 # ----------------------------------------------------------------------------- parameters
 
 
@@ -102,15 +146,15 @@ def _per_row(value, batch: int, device: torch.device, dtype: torch.dtype) -> tor
     return torch.full((batch,), value, dtype=dtype, device=device)
 
 
-def _scalar_top_k(top_k) -> int:
+def _scalar_top_k(top_k, op: str = "top_k_top_p_sample") -> int:
     if isinstance(top_k, torch.Tensor):
         return top_k
     if isinstance(top_k, float):
-        raise ValueError(f"top_k_top_p_sample: top_k must be an int or an int64 tensor, got {top_k!r}")
+        raise ValueError(f"{op}: top_k must be an int or an int64 tensor, got {top_k!r}")
     if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise TypeError(f"top_k_top_p_sample: top_k must be an int or an int64 tensor, got {type(top_k).__name__}")
+        raise TypeError(f"{op}: top_k must be an int or an int64 tensor, got {type(top_k).__name__}")
     if not -(2**63) <= top_k < 2**63:
-        raise ValueError(f"top_k_top_p_sample: top_k = {top_k} is out of range for a 64-bit integer")
+        raise ValueError(f"{op}: top_k = {top_k} is out of range for a 64-bit integer")
     return top_k
 
 
@@ -196,3 +240,32 @@ def min_p_sample(probs: torch.Tensor, min_p, generator=None) -> torch.Tensor:
     with p >= min_p * max(p) (min_p: float or float32 [batch] in [0, 1]). Returns int64 [batch]."""
     uniforms = _uniforms("min_p_sample", "probs", probs, generator)
     return min_p_sample_from_uniforms(probs, uniforms, min_p)
+
+
+def top_k_mask_logits(logits: torch.Tensor, top_k) -> torch.Tensor:
+    """logits [batch, vocab] with every logit below its row's k-th largest set to -inf (ties
+    kept); top_k: int or int64 [batch], <= 0 or >= vocab keeps the row. Returns a new tensor."""
+    if type(top_k) is not torch.Tensor:
+        batch = _check_rows(logits, "top_k_mask_logits", "logits")
+        top_k = _per_row(_scalar_top_k(top_k, "top_k_mask_logits"), batch, logits.device, torch.int64)
+    return _top_k_mask_op(logits, top_k)
+
+
+def top_k_renorm_probs(probs: torch.Tensor, top_k) -> torch.Tensor:
+    """probs [batch, vocab] kept by top-k (ties kept), divided by their sum, 0 elsewhere; top_k:
+    int or int64 [batch], <= 0 or >= vocab keeps the row. Returns a new tensor."""
+    if type(top_k) is not torch.Tensor:
+        batch = _check_rows(probs, "top_k_renorm_probs", "probs")
+        top_k = _per_row(_scalar_top_k(top_k, "top_k_renorm_probs"), batch, probs.device, torch.int64)
+    return _top_k_renorm_op(probs, top_k)
+
+
+def top_p_renorm_probs(probs: torch.Tensor, top_p) -> torch.Tensor:
+    """probs [batch, vocab] of the smallest descending prefix whose mass is >= top_p of the row's
+    mass (ties kept), divided by their sum, 0 elsewhere; top_p: float or float32 [batch] in
+    (0, 1]. Returns a new tensor."""
+    if type(top_p) is not torch.Tensor:
+        batch = _check_rows(probs, "top_p_renorm_probs", "probs")
+        top_p = _scalar_in_range(top_p, "top_p_renorm_probs", "top_p", 0.0, low_inclusive=False)
+        top_p = _per_row(max(top_p, _MIN_TOP_P), batch, probs.device, torch.float32)
+    return _top_p_renorm_op(probs, top_p)

@@ -50,6 +50,29 @@ def ref_min_p_weights(probs: torch.Tensor, min_p: float) -> torch.Tensor:
     return p.masked_fill(p < min_p * p.amax(-1, keepdim=True), 0.0)
 
 
+def ref_filter(op: str, x: torch.Tensor, params) -> torch.Tensor:
+    """float64 reference of top_k_mask_logits / top_k_renorm_probs / top_p_renorm_probs over the
+    rows of x (params: one top_k or top_p per row); ties at a threshold are kept."""
+    rows = []
+    for r, param in enumerate(params):
+        v = x[r].double().cpu()
+        thr = -float("inf")
+        if op != "top_p_renorm_probs":
+            if 0 < param < v.numel():
+                thr = v.topk(int(param)).values[-1].item()
+        elif param < 1.0:
+            vals = v.sort(descending=True).values
+            cum = vals.clamp_min(0).cumsum(0)
+            thr = vals[int((cum >= param * cum[-1]).nonzero()[0])].item()
+        if op == "top_k_mask_logits":
+            rows.append(torch.where(v >= thr, v, torch.full_like(v, -float("inf"))))
+        else:
+            kept = torch.where(v >= thr, v, torch.zeros_like(v))
+            total = kept.clamp_min(0).sum()
+            rows.append(kept / total if total > 0 else torch.zeros_like(v))
+    return torch.stack(rows) if rows else x.double().cpu()
+
+
 def check(c: Checks) -> None:
     for dtype in FLOATS:
         n = dtype_name(dtype)

@@ -18,9 +18,9 @@
  *    i, in index order, whose running sum of w exceeds u * Z.
  *
  * Includable: the JIT runtime compiles a wrapper TU that #includes this file and exports
- * mllm_kernel::cpu::{greedy_sample, top_k_top_p_sample, min_p_sample} (arguments:
- * sampling.hpp). The CPU also checks the per-row parameter values (CUDA clamps them: no host
- * read of device data).
+ * mllm_kernel::cpu::{greedy_sample, top_k_top_p_sample, min_p_sample, top_k_mask_logits,
+ * top_k_renorm_probs, top_p_renorm_probs} (arguments: sampling.hpp). The CPU also checks the
+ * per-row parameter values (CUDA clamps them: no host read of device data).
  */
 #include <hwy/base.h>  // hwy::float16_t / bfloat16_t and their float conversions
 
@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace mllm_kernel::cpu {
@@ -57,6 +58,35 @@ inline int64_t SampleIndex(const std::vector<double>& w, float u) {
     if (cum > target) return static_cast<int64_t>(i);
   }
   return last_kept;  // u * total rounded past the sum
+}
+
+// The k-th largest of x (k in [1, n]), by partial selection of a copy.
+inline float KthLargest(const std::vector<float>& x, int64_t k, std::vector<float>& scratch) {
+  scratch.assign(x.begin(), x.end());
+  std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
+  return scratch[k - 1];
+}
+
+template <typename T>
+T FromFloat(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else if constexpr (std::is_same_v<T, hwy::float16_t>) return hwy::F16FromF32(v);
+  else return hwy::BF16FromF32(v);
+}
+
+// Runs fn(row index, row as float, output row) over the rows of a filter op.
+template <typename Fn>
+void ForEachFilteredRow(const sampling::SampleArgs& rows, tvm::ffi::TensorView out, tvm::ffi::TensorView in, Fn&& fn) {
+  std::vector<float> x(rows.vocab);
+  host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
+    const T* base = host::data_ptr<const T>(in);
+    T* dst = host::data_ptr<T>(out);
+    for (int64_t b = 0; b < rows.batch; ++b) {
+      const T* row = base + b * rows.stride;
+      for (int64_t i = 0; i < rows.vocab; ++i) x[i] = ToFloat(row[i]);
+      fn(b, x, [&](int64_t i, float v) { dst[b * rows.vocab + i] = FromFloat<T>(v); });
+    }
+  });
 }
 
 inline void CheckUniform(const char* op, float u, int64_t row) {
@@ -190,6 +220,70 @@ inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
       }
       dst[b] = SampleIndex(w, u[b]);
     }
+  });
+}
+
+/*! \brief out = logits, with logits below the row's k-th largest set to -inf (ties kept);
+ *  top_k int64 [batch]: <= 0 or >= vocab keeps the row. */
+inline void top_k_mask_logits(tvm::ffi::TensorView out, tvm::ffi::TensorView logits, tvm::ffi::TensorView top_k) {
+  using namespace sampling_detail;  // NOLINT(*)
+  const auto rows = sampling::VerifyFilter<kDLCPU, int64_t>("top_k_mask_logits", "logits", "top_k", out, logits, top_k);
+  const int64_t* ks = host::data_ptr<const int64_t>(top_k);
+  std::vector<float> scratch;
+  ForEachFilteredRow(rows, out, logits, [&](int64_t b, const std::vector<float>& x, auto&& write) {
+    const int64_t k = ks[b];
+    const float kth = k > 0 && k < rows.vocab ? KthLargest(x, k, scratch) : -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < rows.vocab; ++i) write(i, x[i] >= kth ? x[i] : -std::numeric_limits<float>::infinity());
+  });
+}
+
+/*! \brief out = probs kept by top-k (ties kept) divided by their sum, the others 0; a row that
+ *  keeps no mass is written as zeros. */
+inline void top_k_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView probs, tvm::ffi::TensorView top_k) {
+  using namespace sampling_detail;  // NOLINT(*)
+  const auto rows = sampling::VerifyFilter<kDLCPU, int64_t>("top_k_renorm_probs", "probs", "top_k", out, probs, top_k);
+  const int64_t* ks = host::data_ptr<const int64_t>(top_k);
+  std::vector<float> scratch;
+  ForEachFilteredRow(rows, out, probs, [&](int64_t b, const std::vector<float>& x, auto&& write) {
+    const int64_t k = ks[b];
+    const float kth = k > 0 && k < rows.vocab ? KthLargest(x, k, scratch) : -std::numeric_limits<float>::infinity();
+    double kept = 0.0;
+    for (const float p : x) kept += p >= kth ? static_cast<double>(p) : 0.0;
+    const double inv = kept > 0.0 ? 1.0 / kept : 0.0;
+    for (int64_t i = 0; i < rows.vocab; ++i) write(i, x[i] >= kth ? static_cast<float>(x[i] * inv) : 0.0f);
+  });
+}
+
+/*! \brief out = probs of the smallest descending prefix with mass >= top_p of the row's mass
+ *  (ties kept) divided by their sum, the others 0. top_p float32 [batch] in (0, 1]. */
+inline void top_p_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView probs, tvm::ffi::TensorView top_p) {
+  using namespace sampling_detail;  // NOLINT(*)
+  constexpr const char* kOp = "top_p_renorm_probs";
+  const auto rows = sampling::VerifyFilter<kDLCPU, float>(kOp, "probs", "top_p", out, probs, top_p);
+  const float* ps = host::data_ptr<const float>(top_p);
+  for (int64_t b = 0; b < rows.batch; ++b) {
+    host::ValueCheck(ps[b] > 0.0f && ps[b] <= 1.0f, kOp, ": top_p[", b, "] = ", ps[b], " is outside (0, 1]");
+  }
+  std::vector<float> sorted;
+  ForEachFilteredRow(rows, out, probs, [&](int64_t b, const std::vector<float>& x, auto&& write) {
+    float threshold = -std::numeric_limits<float>::infinity();
+    double total = 0.0;
+    for (const float p : x) total += p > 0.0f ? static_cast<double>(p) : 0.0;
+    if (ps[b] < 1.0f) {  // walk the probs in descending order until top_p of the mass
+      sorted.assign(x.begin(), x.end());
+      std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+      const double target = static_cast<double>(ps[b]) * total;
+      double cum = 0.0;
+      for (const float p : sorted) {
+        cum += p > 0.0f ? static_cast<double>(p) : 0.0;
+        threshold = p;
+        if (cum >= target) break;
+      }
+    }
+    double kept = 0.0;
+    for (const float p : x) kept += p >= threshold && p > 0.0f ? static_cast<double>(p) : 0.0;
+    const double inv = kept > 0.0 ? 1.0 / kept : 0.0;
+    for (int64_t i = 0; i < rows.vocab; ++i) write(i, x[i] >= threshold ? static_cast<float>(x[i] * inv) : 0.0f);
   });
 }
 

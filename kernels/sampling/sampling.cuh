@@ -3,26 +3,32 @@
  * \brief CUDA token sampling: greedy (argmax), top-k/top-p and min-p by inverse CDF, on
  *        torch's current stream. Same selection rules as sampling.cpp (see its file comment).
  *
- * One block per row, no sort of the vocab:
- *  - greedy: one pass, block-wide (value, index) argmax.
- *  - top-k / top-p: a max pass, then a search on the order-preserving uint32 key of the logit:
- *    top-k finds the k-th largest key with block-wide counts, top-p the largest key whose kept
- *    mass reaches top_p with block-wide sums of exp. Each pass tries kWays = 8 thresholds, so
- *    the bracket shrinks 9-fold per pass; a search stops once its bracket holds a single
- *    token, else after at most 11 passes (exact). Every pass reads the row (L2-resident for
- *    decode batch sizes).
- *  - min-p: a max pass, then the threshold is known.
- *  - sampling: each thread sums the kept weights of its contiguous chunk, a block exclusive
- *    scan gives the chunk offsets, and the thread whose chunk crosses u * total finds the token.
- * Reductions read 16 bytes per access when the row start is 16-byte aligned (checked per row),
- * with a scalar tail; 64-bit index math throughout.
+ * A row is split over a cluster of blocks (sm_90; one block elsewhere) so that a decode batch
+ * of a few rows still fills the GPU; block r owns the slice [r * slice, (r + 1) * slice) and
+ * copies it into its shared memory when it fits, so every later pass reads shared memory, not
+ * L2. The plan (cluster size, threads, slice) depends on the shape only: CUDA-graph safe.
+ *  - greedy: one pass, (value, index) argmax over the block, then over the cluster.
+ *  - top-k / top-p: the max, then radix selection on the order-preserving uint32 key of the
+ *    logit, 8 bits per pass (at most 4 passes each, fewer when a bin holds exactly the rest):
+ *    top-k picks the k-th largest key from bin counts, top-p the largest key whose kept mass
+ *    reaches top_p of the top-k set's mass from bin sums of exp. Bins are summed over the
+ *    cluster through distributed shared memory.
+ *  - min-p: the max, then the threshold is known.
+ *  - filters (top_k_mask_logits, top_k_renorm_probs, top_p_renorm_probs): the same selections,
+ *    then each block writes its slice of the output row.
+ *  - sampling: each warp sums its contiguous part of the slice, scans over warps and blocks
+ *    give the offsets, and the warp whose part crosses u * total walks it with a warp scan.
+ * Weights are fixed point (exp(v - max) * 2^31, as uint32, summed in uint64): sums do not
+ * depend on the order of additions, so every run, plan and cluster size picks the same token.
  *
  * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
- * mllm_kernel::gpu::{greedy_sample, top_k_top_p_sample, min_p_sample} (arguments: sampling.hpp).
+ * mllm_kernel::gpu::{greedy_sample, top_k_top_p_sample, min_p_sample, top_k_mask_logits,
+ * top_k_renorm_probs, top_p_renorm_probs} (arguments: sampling.hpp).
  */
 #ifndef MLLM_KERNEL_KERNELS_SAMPLING_CUH_
 #define MLLM_KERNEL_KERNELS_SAMPLING_CUH_
 
+#include <mllm_kernel/row_cluster.cuh>
 #include <mllm_kernel/utils.cuh>
 
 #include "sampling.hpp"
@@ -30,7 +36,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 namespace mllm_kernel::gpu {
 
@@ -40,24 +45,62 @@ using device::AlignedVector;
 using device::kFullMask;
 using device::kWarpThreads;
 
-// fn(index, value) for every element of the row, strided over the block's threads.
-template <typename T, typename Fn>
-__device__ __forceinline__ void ForEach(const T* row, int64_t n, Fn&& fn) {
-  constexpr int kVec = device::kVecSize<T>;
+// ----------------------------------------------------------------------------- the row slice
+
+/*! \brief This block's part of a row: n elements, data[0] is element `begin` of the row. */
+template <typename T>
+struct Slice {
+  const T* data;  // this block's shared-memory copy, or the row itself in global memory
+  int64_t begin, n;
+};
+
+// This block's slice of `row`; copied into `copy` (shared memory) when in_smem. *max gets the
+// thread's max of its elements (NaN ignored, like fmaxf).
+template <typename T>
+__device__ __forceinline__ Slice<T> LoadSlice(const T* row, int64_t vocab, int64_t slice_len,
+                                              T* copy, bool in_smem, float* max) {
+  const auto [begin, n] = device::row_slice(vocab, slice_len);
+  const T* src = row + begin;
+  float m = -INFINITY;
   int64_t start = 0;
-  if (device::is_aligned<16>(row)) {
+  if (device::is_aligned<16>(src)) {  // slice_len is whole vectors: src aligned iff row is
+    constexpr int kVec = device::kVecSize<T>;
     using Vec = AlignedVector<T, kVec>;
-    const int64_t num_vecs = n / kVec;
-    for (int64_t v = threadIdx.x; v < num_vecs; v += blockDim.x) {
+    for (int64_t v = threadIdx.x; v < n / kVec; v += blockDim.x) {
       Vec a;
-      a.load(row, v);
+      a.load(src, v);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) fn(v * kVec + k, device::to_float(a[k]));
+      for (int k = 0; k < kVec; ++k) m = fmaxf(m, device::to_float(a[k]));
+      if (in_smem) a.store(copy, v);
     }
-    start = num_vecs * kVec;
+    start = n / kVec * kVec;
   }
-  for (int64_t i = start + threadIdx.x; i < n; i += blockDim.x) fn(i, device::to_float(row[i]));
+  for (int64_t i = start + threadIdx.x; i < n; i += blockDim.x) {
+    m = fmaxf(m, device::to_float(src[i]));
+    if (in_smem) copy[i] = src[i];
+  }
+  *max = m;
+  if (in_smem) __syncthreads();
+  return {in_smem ? copy : src, begin, n};
 }
+
+// ----------------------------------------------------------------------------- cluster reductions
+
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a + b; }
+};
+
+/*! \brief Shared state of the reductions of one kernel (static shared memory). */
+struct ClusterScratch {
+  float max[2];
+  uint64_t sum[2];
+  unsigned max_parity, sum_parity;
+};
+
+// ----------------------------------------------------------------------------- keys and weights
 
 // Order-preserving map float -> uint32 (for non-NaN); -0 and +0 map to the same key.
 __device__ __forceinline__ uint32_t Key(float f) {
@@ -66,78 +109,189 @@ __device__ __forceinline__ uint32_t Key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Exclusive prefix sum over the block in thread order; *total gets the block sum.
-// Block size: a multiple of 32, at most 1024.
-__device__ __forceinline__ float BlockExclusiveScan(float value, float* total) {
-  __shared__ float warp_sums[kWarpThreads];
-  const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
-  const unsigned num_warps = blockDim.x / kWarpThreads;
-  float incl = value;
-#pragma unroll
-  for (int offset = 1; offset < kWarpThreads; offset <<= 1) {
-    const float t = __shfl_up_sync(kFullMask, incl, offset);
-    if (lane >= static_cast<unsigned>(offset)) incl += t;
-  }
-  float excl = __shfl_up_sync(kFullMask, incl, 1);
-  if (lane == 0) excl = 0.0f;
-  __syncthreads();  // earlier users of warp_sums are done
-  if (lane == kWarpThreads - 1) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    float s = lane < num_warps ? warp_sums[lane] : 0.0f;
-#pragma unroll
-    for (int offset = 1; offset < kWarpThreads; offset <<= 1) {
-      const float t = __shfl_up_sync(kFullMask, s, offset);
-      if (lane >= static_cast<unsigned>(offset)) s += t;
-    }
-    warp_sums[lane] = s;  // inclusive over warps
-  }
-  __syncthreads();
-  const float warp_offset = warp == 0 ? 0.0f : warp_sums[warp - 1];
-  *total = warp_sums[num_warps - 1];
-  __syncthreads();  // keep warp_sums until everyone has read it
-  return warp_offset + excl;
+// Fixed-point weight of a logit: exp(v - row_max) in [0, 1] times 2^31 (NaN -> 0).
+__device__ __forceinline__ uint32_t ExpWeight(float v, float row_max) {
+  return __float2uint_rn(expf(v - row_max) * 0x1p31f);
 }
 
-// Inverse CDF over w(i, x) (0 for dropped tokens) in index order: the first i whose running
-// sum exceeds u * sum(w). Each thread owns a contiguous chunk so index order = thread order.
-template <typename T, typename WeightFn>
-__device__ __forceinline__ int64_t SampleIndex(const T* row, int64_t n, float u, WeightFn&& w) {
-  const int64_t chunk = (n + blockDim.x - 1) / blockDim.x;
-  const int64_t begin = min(n, static_cast<int64_t>(threadIdx.x) * chunk);
-  const int64_t end = min(n, begin + chunk);
-  float local = 0.0f;
-  int64_t last_kept = -1;
-  for (int64_t i = begin; i < end; ++i) {
-    const float wi = w(device::to_float(row[i]));
-    local += wi;
-    if (wi > 0.0f) last_kept = i;
+// Fixed-point weight of a probability: p * scale (scale = 2^31 / max p); NaN and p <= 0 -> 0.
+__device__ __forceinline__ uint32_t ProbWeight(float p, float scale) { return __float2uint_rn(p * scale); }
+
+// ----------------------------------------------------------------------------- radix selection
+
+inline constexpr int kRadixBits = 8, kBins = 1 << kRadixBits;
+
+/*! \brief Per-block bin counts and masses, two sets alternating between passes (see
+ *         device::cluster_all_reduce), and the bin a pass chose. */
+struct RadixScratch {
+  uint32_t count[2][kBins];
+  uint64_t mass[2][kBins];
+  uint64_t warp_sums[kBins / kWarpThreads];
+  uint64_t above, in_bin, in_bin_count;  // of the chosen bin
+  uint32_t bin;
+  unsigned parity;
+};
+
+// Among bins 0..255 held by threads 0..255 (value v, count c), the bin t with
+// sum(v of bins > t) < need <= sum(v of bins >= t); written to rs. Needs >= 256 threads and
+// 0 < need <= the sum of all v.
+__device__ __forceinline__ void ChooseBin(uint64_t v, uint64_t c, uint64_t need, RadixScratch& rs) {
+  const unsigned t = threadIdx.x, lane = t % kWarpThreads, warp = t / kWarpThreads;
+  uint64_t suffix = v;  // inclusive suffix sum within the warp
+#pragma unroll
+  for (int offset = 1; offset < kWarpThreads; offset <<= 1) {
+    const uint64_t x = __shfl_down_sync(kFullMask, suffix, offset);
+    if (lane + offset < kWarpThreads) suffix += x;
   }
-  float total = 0.0f;
-  const float excl = BlockExclusiveScan(local, &total);
-  const float target = u * total;
-  int64_t found = INT64_MAX;
-  if (excl + local > target) {  // this chunk may hold the token: walk it again
-    float cum = excl;
-    for (int64_t i = begin; i < end; ++i) {
-      const float wi = w(device::to_float(row[i]));
-      if (wi <= 0.0f) continue;
-      cum += wi;
-      if (cum > target) {
-        found = i;
-        break;
-      }
+  if (t < kBins && lane == 0) rs.warp_sums[warp] = suffix;
+  __syncthreads();
+  if (t < kBins) {
+    for (unsigned w = warp + 1; w < kBins / kWarpThreads; ++w) suffix += rs.warp_sums[w];
+    if (suffix >= need && suffix - v < need) {
+      rs.bin = t;
+      rs.above = suffix - v;
+      rs.in_bin = v;
+      rs.in_bin_count = c;
     }
   }
-  // First hit over the block (max of the negation = min); several chunks can claim one only
-  // through rounding, and the earliest wins.
-  found = -device::block_reduce_max(-found);
-  if (found >= n) {  // u * total rounded past the sum: take the last kept token
-    found = device::block_reduce_max(last_kept);
-    if (found < 0) found = 0;  // nothing kept (all weights 0)
-  }
-  return found;
+  __syncthreads();
 }
+
+/*!
+ * \brief The largest key t with sum(weight of elements with key >= t and key >= floor) >= need,
+ *        over the row (the cluster's slices); weight is 1 (kMass false) or weight(x) (a uint32
+ *        fixed-point weight of at most 2^31, as ExpWeight). Returns t,
+ *        or a smaller key selecting the same elements when a bin turns out to hold exactly the
+ *        rest (or one element). Every thread gets it.
+ */
+template <bool kMass, typename T, typename WeightFn>
+__device__ uint32_t RadixSelect(const Slice<T>& s, uint32_t floor, uint64_t need, WeightFn&& weight,
+                                RadixScratch& rs) {
+  const unsigned lane = threadIdx.x % kWarpThreads;
+  uint32_t prefix = 0, prefix_mask = 0;
+  for (int shift = 32 - kRadixBits; shift >= 0; shift -= kRadixBits) {
+    const unsigned par = rs.parity;
+    for (unsigned b = threadIdx.x; b < kBins; b += blockDim.x) {
+      rs.count[par][b] = 0;
+      if (kMass) rs.mass[par][b] = 0;
+    }
+    __syncthreads();
+    // Whole warps step together (the aggregation below is warp-wide); lanes past n add nothing.
+    const int64_t warp_base = threadIdx.x - lane;
+    for (int64_t base = warp_base; base < s.n; base += blockDim.x) {
+      const int64_t i = base + lane;
+      int digit = -1;
+      float v = 0.0f;
+      if (i < s.n) {
+        v = device::to_float(s.data[i]);
+        const uint32_t key = Key(v);
+        if (key >= floor && (key & prefix_mask) == prefix) digit = (key >> shift) & (kBins - 1);
+      }
+      // Lanes with the same digit add once: bins of the high digits are crowded.
+      const unsigned peers = __match_any_sync(kFullMask, digit);
+      const bool leader = digit >= 0 && lane == static_cast<unsigned>(__ffs(peers) - 1);
+      if (leader) atomicAdd(&rs.count[par][digit], static_cast<uint32_t>(__popc(peers)));
+      if constexpr (kMass) {
+        const uint32_t w = digit >= 0 ? weight(v) : 0u;
+        // Up to 32 weights of up to 2^31: summed as two 16-bit halves so uint32 cannot overflow.
+        const uint32_t hi = __reduce_add_sync(peers, w >> 16);
+        const uint32_t lo = __reduce_add_sync(peers, w & 0xffffu);
+        if (leader) {
+          atomicAdd(reinterpret_cast<unsigned long long*>(&rs.mass[par][digit]),
+                    (static_cast<unsigned long long>(hi) << 16) + lo);
+        }
+      }
+    }
+    device::cluster_sync();
+    uint64_t c = 0, m = 0;
+    if (threadIdx.x < kBins) {
+      for (unsigned r = 0; r < device::cluster_size(); ++r) {
+        c += *device::cluster_peer(&rs.count[par][threadIdx.x], r);
+        if (kMass) m += *device::cluster_peer(&rs.mass[par][threadIdx.x], r);
+      }
+    }
+    rs.parity = par ^ 1u;  // every thread writes the same value
+    ChooseBin(kMass ? m : c, c, need, rs);
+    need -= rs.above;
+    prefix |= rs.bin << shift;
+    prefix_mask |= static_cast<uint32_t>(kBins - 1) << shift;
+    // The whole bin is in: keys >= its lowest key select the same elements.
+    if (rs.in_bin == need || rs.in_bin_count == 1) break;
+  }
+  return prefix;
+}
+
+// ----------------------------------------------------------------------------- sampling
+
+/*! \brief Per-warp and per-block totals of the inverse-CDF step. */
+struct SampleScratch {
+  uint64_t warp_sums[kWarpThreads];
+  uint64_t block_sums[2];
+  unsigned parity;
+};
+
+/*!
+ * \brief Inverse CDF over the row (the cluster's slices) with weights w(x) (0 for dropped
+ *        tokens): writes to *out the first index whose running sum exceeds floor(u * total),
+ *        or 0 when every weight is 0. Warp j of a block owns a contiguous part of the slice,
+ *        so index order is warp order, then block (rank) order.
+ */
+template <typename T, typename WeightFn>
+__device__ __forceinline__ void SampleIndex(const Slice<T>& s, float u, WeightFn&& w, int64_t* out,
+                                            SampleScratch& ss) {
+  const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
+  const unsigned num_warps = blockDim.x / kWarpThreads;
+  const int64_t part = (s.n + num_warps - 1) / num_warps;
+  const int64_t begin = min(s.n, part * warp), end = min(s.n, begin + part);
+  uint64_t local = 0;
+  for (int64_t i = begin + lane; i < end; i += kWarpThreads) local += w(s.data[i]);
+  local = device::warp_reduce_sum(local);
+  if (lane == 0) ss.warp_sums[warp] = local;
+  __syncthreads();
+  uint64_t block_total = 0, warp_before = 0;
+  for (unsigned j = 0; j < num_warps; ++j) {
+    const uint64_t x = ss.warp_sums[j];
+    warp_before += j < warp ? x : 0;
+    block_total += x;
+  }
+  const unsigned par = ss.parity;
+  if (threadIdx.x == 0) ss.block_sums[par] = block_total;
+  device::cluster_sync();
+  uint64_t total = 0, block_before = 0;
+  for (unsigned r = 0; r < device::cluster_size(); ++r) {
+    const uint64_t x = *device::cluster_peer(&ss.block_sums[par], r);
+    block_before += r < device::cluster_rank() ? x : 0;
+    total += x;
+  }
+  ss.parity = par ^ 1u;
+  if (total == 0) {
+    if (device::cluster_rank() == 0 && threadIdx.x == 0) *out = 0;
+    return;
+  }
+  // u < 1, so target < total: exactly one warp of one block holds the crossing.
+  const uint64_t target = static_cast<uint64_t>(static_cast<double>(u) * static_cast<double>(total));
+  const uint64_t before = block_before + warp_before;
+  if (target < before || target >= before + local) return;
+  uint64_t run = before;
+  for (int64_t base = begin; base < end; base += kWarpThreads) {
+    const int64_t i = base + lane;
+    const uint64_t wi = i < end ? w(s.data[i]) : 0;
+    uint64_t incl = wi;  // inclusive warp scan
+#pragma unroll
+    for (int offset = 1; offset < kWarpThreads; offset <<= 1) {
+      const uint64_t x = __shfl_up_sync(kFullMask, incl, offset);
+      if (lane >= static_cast<unsigned>(offset)) incl += x;
+    }
+    const unsigned hit = __ballot_sync(kFullMask, run + incl > target);
+    if (hit != 0) {
+      if (lane == static_cast<unsigned>(__ffs(hit) - 1)) *out = s.begin + i;
+      return;
+    }
+    run += __shfl_sync(kFullMask, incl, kWarpThreads - 1);
+  }
+}
+
+// ----------------------------------------------------------------------------- kernels
 
 // true if (va, ia) is preferred to (vb, ib) as argmax: NaN first (like torch), then the larger
 // value, then the smaller index.
@@ -148,246 +302,290 @@ __device__ __forceinline__ bool Better(float va, int64_t ia, float vb, int64_t i
   return ia < ib;
 }
 
-template <typename T>
-__global__ void GreedyKernel(int64_t* __restrict__ out, const T* __restrict__ logits,
-                             int64_t vocab, int64_t stride) {
-  __shared__ float part_v[kWarpThreads];
-  __shared__ int64_t part_i[kWarpThreads];
-  device::pdl_wait_primary();
-  const T* row = logits + static_cast<int64_t>(blockIdx.x) * stride;
-  float best_v = -INFINITY;
-  int64_t best_i = INT64_MAX;
-  ForEach(row, vocab, [&](int64_t i, float v) {
-    if (Better(v, i, best_v, best_i)) {
-      best_v = v;
-      best_i = i;
-    }
-  });
-  // Warp, then block, reduction of the (value, index) pairs.
+struct ArgMax {
+  float v;
+  int64_t i;
+};
+
+__device__ __forceinline__ ArgMax WarpArgMax(ArgMax a) {
 #pragma unroll
   for (int offset = kWarpThreads / 2; offset > 0; offset >>= 1) {
-    const float v = __shfl_xor_sync(kFullMask, best_v, offset);
-    const int64_t i = __shfl_xor_sync(kFullMask, best_i, offset);
-    if (Better(v, i, best_v, best_i)) {
-      best_v = v;
-      best_i = i;
+    const float v = __shfl_xor_sync(kFullMask, a.v, offset);
+    const int64_t i = __shfl_xor_sync(kFullMask, a.i, offset);
+    if (Better(v, i, a.v, a.i)) a = {v, i};
+  }
+  return a;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(1024, 1)
+    GreedyKernel(int64_t* __restrict__ out, const T* __restrict__ logits, int64_t vocab,
+                 int64_t stride, int64_t slice_len) {
+  __shared__ ArgMax partial[kWarpThreads];
+  __shared__ ArgMax block_best;
+  device::pdl_wait_primary();
+  const int64_t b = blockIdx.x / device::cluster_size();
+  const auto [begin, n] = device::row_slice(vocab, slice_len);
+  const T* src = logits + b * stride + begin;
+  ArgMax best{-INFINITY, INT64_MAX};
+  auto visit = [&](int64_t i, float v) {
+    if (Better(v, begin + i, best.v, best.i)) best = {v, begin + i};
+  };
+  int64_t start = 0;
+  if (device::is_aligned<16>(src)) {
+    constexpr int kVec = device::kVecSize<T>;
+    using Vec = AlignedVector<T, kVec>;
+    for (int64_t v = threadIdx.x; v < n / kVec; v += blockDim.x) {
+      Vec a;
+      a.load(src, v);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) visit(v * kVec + k, device::to_float(a[k]));
     }
+    start = n / kVec * kVec;
   }
+  for (int64_t i = start + threadIdx.x; i < n; i += blockDim.x) visit(i, device::to_float(src[i]));
   const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
-  if (lane == 0) {
-    part_v[warp] = best_v;
-    part_i[warp] = best_i;
-  }
+  best = WarpArgMax(best);
+  if (lane == 0) partial[warp] = best;
   __syncthreads();
   if (warp == 0) {
-    const bool valid = lane < blockDim.x / kWarpThreads;
-    best_v = valid ? part_v[lane] : -INFINITY;
-    best_i = valid ? part_i[lane] : INT64_MAX;
-#pragma unroll
-    for (int offset = kWarpThreads / 2; offset > 0; offset >>= 1) {
-      const float v = __shfl_xor_sync(kFullMask, best_v, offset);
-      const int64_t i = __shfl_xor_sync(kFullMask, best_i, offset);
-      if (Better(v, i, best_v, best_i)) {
-        best_v = v;
-        best_i = i;
-      }
-    }
-    if (lane == 0) out[blockIdx.x] = best_i;
+    best = lane < blockDim.x / kWarpThreads ? partial[lane] : ArgMax{-INFINITY, INT64_MAX};
+    best = WarpArgMax(best);
+    if (lane == 0) block_best = best;
   }
+  device::cluster_sync();  // block_best of every block is written
+  if (device::cluster_rank() == 0 && threadIdx.x == 0) {
+    best = block_best;
+    for (unsigned r = 1; r < device::cluster_size(); ++r) {
+      const ArgMax p = *device::cluster_peer(&block_best, r);
+      if (Better(p.v, p.i, best.v, best.i)) best = p;
+    }
+    out[b] = best.i;
+  }
+  device::cluster_sync();  // rank 0 has read every block_best
   device::pdl_launch_dependents();
 }
 
-template <typename T>
-__device__ __forceinline__ float RowMax(const T* row, int64_t n) {
-  float m = -INFINITY;
-  ForEach(row, n, [&](int64_t, float v) { m = fmaxf(m, v); });
-  return device::block_reduce_max(m);
+// The row max over the cluster; every thread gets it.
+__device__ __forceinline__ float ClusterMax(float thread_max, ClusterScratch& cs) {
+  return device::cluster_all_reduce(device::block_reduce_max(thread_max), MaxOp{}, cs.max, cs.max_parity);
 }
 
-// Thresholds tried per pass of the top-k / top-p searches: each pass narrows the key bracket
-// (up to 2^32 wide) 9-fold instead of 2-fold, so a search takes at most 11 passes, not 32.
-inline constexpr int kWays = 8;
-
-// Block sums of kWays values per thread, in a fixed order (deterministic); every thread gets
-// them. Warp j adds up slot j of the warp partials. Block size: a multiple of 32, <= 1024.
-template <typename V>
-__device__ __forceinline__ void BlockSums(V (&v)[kWays]) {
-  __shared__ V partials[kWays][kWarpThreads];
-  __shared__ V sums[kWays];
-  const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
-  const unsigned num_warps = blockDim.x / kWarpThreads;
-#pragma unroll
-  for (int j = 0; j < kWays; ++j) v[j] = device::warp_reduce_sum(v[j]);
-  __syncthreads();  // the previous call may still be reading partials and sums
-  if (lane == 0) {
-#pragma unroll
-    for (int j = 0; j < kWays; ++j) partials[j][warp] = v[j];
-  }
-  __syncthreads();
-  for (unsigned j = warp; j < kWays; j += num_warps) {
-    const V sum = device::warp_reduce_sum(lane < num_warps ? partials[j][lane] : V{});
-    if (lane == 0) sums[j] = sum;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int j = 0; j < kWays; ++j) v[j] = sums[j];
+__device__ __forceinline__ uint64_t ClusterSum(uint64_t thread_sum, ClusterScratch& cs) {
+  return device::cluster_all_reduce(device::block_reduce_sum(thread_sum), SumOp{}, cs.sum, cs.sum_parity);
 }
-
-// The kWays thresholds that split [lo, hi) into kWays + 1 near-equal parts, ascending. Once
-// hi - lo <= kWays + 1 they cover every key in (lo, hi), so the next step closes the bracket.
-__device__ __forceinline__ void SplitBracket(uint64_t lo, uint64_t hi, uint32_t (&mids)[kWays]) {
-#pragma unroll
-  for (int j = 0; j < kWays; ++j) {
-    mids[j] = static_cast<uint32_t>(lo + (hi - lo) * (j + 1) / (kWays + 1));
-  }
-}
-
-// Moves the bracket to the last threshold that still satisfies the search and the first that
-// does not (ok[j] is true for a prefix of the thresholds). Conditional moves with constant
-// indices only: an index variable would send mids and counts to local memory.
-__device__ __forceinline__ void NarrowBracket(const uint32_t (&mids)[kWays],
-                                              const int32_t (&counts)[kWays],
-                                              const bool (&ok)[kWays], uint64_t& lo,
-                                              int64_t& c_lo, uint64_t& hi, int64_t& c_hi) {
-#pragma unroll
-  for (int j = 0; j < kWays; ++j) {
-    lo = ok[j] ? mids[j] : lo;
-    c_lo = ok[j] ? counts[j] : c_lo;
-  }
-#pragma unroll
-  for (int j = kWays - 1; j >= 0; --j) {
-    hi = ok[j] ? hi : mids[j];
-    c_hi = ok[j] ? c_hi : counts[j];
-  }
-}
-
-// Per-element work of a search pass (functors with forced inlining, unlike lambdas, so the
-// per-threshold arrays stay in registers).
-struct CountAbove {  // counts[j] += key >= mids[j]
-  const uint32_t (&mids)[kWays];
-  int32_t (&counts)[kWays];
-  __device__ __forceinline__ void operator()(int64_t, float v) const {
-    const uint32_t key = Key(v);
-#pragma unroll
-    for (int j = 0; j < kWays; ++j) counts[j] += key >= mids[j];
-  }
-};
-
-struct MassAbove {  // mass[j] += exp(v - row_max), counts[j] += 1 where key >= mids[j]
-  const uint32_t (&mids)[kWays];
-  float (&mass)[kWays];
-  int32_t (&counts)[kWays];
-  float row_max;
-  __device__ __forceinline__ void operator()(int64_t, float v) const {
-    const uint32_t key = Key(v);
-    if (key < mids[0]) return;  // below every threshold: no exp
-    const float e = expf(v - row_max);
-#pragma unroll
-    for (int j = 0; j < kWays; ++j) {
-      const bool in = key >= mids[j];
-      mass[j] += in ? e : 0.0f;
-      counts[j] += in;
-    }
-  }
-};
 
 template <typename T>
-__global__ void __launch_bounds__(1024)  // blocks of up to 1024 threads: at most 64 registers
+__global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at most 64 registers
     TopKTopPKernel(int64_t* __restrict__ out, const T* __restrict__ logits, int64_t vocab,
-                   int64_t stride, const float* __restrict__ uniforms,
-                   const int64_t* __restrict__ top_k, const float* __restrict__ top_p) {
+                   int64_t stride, int64_t slice_len, bool in_smem,
+                   const float* __restrict__ uniforms, const int64_t* __restrict__ top_k,
+                   const float* __restrict__ top_p) {
+  extern __shared__ __align__(16) unsigned char slice_smem[];
+  __shared__ ClusterScratch cs;
+  __shared__ RadixScratch rs;
+  __shared__ SampleScratch ss;
+  if (threadIdx.x == 0) cs.max_parity = cs.sum_parity = rs.parity = ss.parity = 0;
   device::pdl_wait_primary();
-  const int64_t b = blockIdx.x;
-  const T* row = logits + b * stride;
-  const float row_max = RowMax(row, vocab);
+  const int64_t b = blockIdx.x / device::cluster_size();
+  float thread_max;
+  const Slice<T> s = LoadSlice(logits + b * stride, vocab, slice_len,
+                               reinterpret_cast<T*>(slice_smem), in_smem, &thread_max);
+  const float row_max = ClusterMax(thread_max, cs);
   // Invalid per-row values are clamped here (the host cannot check device data without a sync).
   const int64_t k = top_k[b];
   const float p = fminf(fmaxf(top_p[b], 0.0f), 1.0f);
   const float u = fminf(fmaxf(uniforms[b], 0.0f), 0x1.fffffep-1f);
 
-  // Invariant of both searches: the set {key >= lo} is valid, {key >= hi} is not; c_lo and
-  // c_hi are their sizes. Once they differ by at most one token, {key >= lo} is the answer.
-  uint64_t lo = 0;
-  uint64_t hi = static_cast<uint64_t>(Key(row_max)) + 1;  // empty set
-  int64_t c_lo = vocab, c_hi = 0;
-  uint32_t mids[kWays];
-  int32_t counts[kWays];  // the launcher keeps vocab below 2^31
-  if (k > 0 && k < vocab) {  // largest lo with count(key >= lo) >= k
-    while (hi - lo > 1 && c_lo - c_hi > 1 && c_lo != k) {
-      SplitBracket(lo, hi, mids);
-#pragma unroll
-      for (int j = 0; j < kWays; ++j) counts[j] = 0;
-      ForEach(row, vocab, CountAbove{mids, counts});
-      BlockSums(counts);
-      bool ok[kWays];
-#pragma unroll
-      for (int j = 0; j < kWays; ++j) ok[j] = counts[j] >= k;
-      NarrowBracket(mids, counts, ok, lo, c_lo, hi, c_hi);
+  uint32_t threshold = 0;  // tokens with Key(logit) >= threshold are kept
+  auto weight = [row_max](float v) { return ExpWeight(v, row_max); };
+  if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, static_cast<uint64_t>(k), weight, rs);
+  if (p < 1.0f) {
+    uint64_t kept = 0;  // mass of the top-k set
+    for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
+      const float v = device::to_float(s.data[i]);
+      kept += Key(v) >= threshold ? weight(v) : 0u;
+    }
+    kept = ClusterSum(kept, cs);
+    if (kept > 0) {  // the smallest mass >= p * kept (at least one unit: the top token stays)
+      const double need = ceil(static_cast<double>(p) * static_cast<double>(kept));
+      const uint64_t need_units = need < 1.0 ? 1 : static_cast<uint64_t>(need);
+      threshold = max(threshold, RadixSelect<true>(s, threshold, need_units, weight, rs));
     }
   }
-  if (p < 1.0f) {  // largest lo with mass(key >= lo) >= p * mass(top-k set)
-    float kept = 0.0f;  // mass of the top-k set
-    const uint64_t top_k_lo = lo;
-    ForEach(row, vocab, [&](int64_t, float v) {
-      if (Key(v) >= top_k_lo) kept += expf(v - row_max);
-    });
-    const float target = p * device::block_reduce_sum(kept);
-    float mass[kWays];
-    hi = static_cast<uint64_t>(Key(row_max)) + 1;
-    c_hi = 0;
-    while (hi - lo > 1 && c_lo - c_hi > 1) {
-      SplitBracket(lo, hi, mids);
-#pragma unroll
-      for (int j = 0; j < kWays; ++j) {
-        mass[j] = 0.0f;
-        counts[j] = 0;
-      }
-      ForEach(row, vocab, MassAbove{mids, mass, counts, row_max});
-      BlockSums(mass);
-      BlockSums(counts);
-      bool ok[kWays];
-#pragma unroll
-      for (int j = 0; j < kWays; ++j) ok[j] = mass[j] >= target;
-      NarrowBracket(mids, counts, ok, lo, c_lo, hi, c_hi);
-    }
-  }
-  const uint64_t threshold = lo;
-  const int64_t token = SampleIndex(row, vocab, u, [&](float v) {
-    return Key(v) >= threshold ? expf(v - row_max) : 0.0f;
-  });
-  if (threadIdx.x == 0) out[b] = token;
+  SampleIndex(
+      s, u,
+      [&](T x) {
+        const float v = device::to_float(x);
+        return Key(v) >= threshold ? weight(v) : 0u;
+      },
+      out + b, ss);
+  device::cluster_sync();  // peers may still read this block's shared memory
   device::pdl_launch_dependents();
 }
 
 template <typename T>
-__global__ void MinPKernel(int64_t* __restrict__ out, const T* __restrict__ probs, int64_t vocab,
-                           int64_t stride, const float* __restrict__ uniforms,
-                           const float* __restrict__ min_p) {
+__global__ void __launch_bounds__(1024, 1)
+    MinPKernel(int64_t* __restrict__ out, const T* __restrict__ probs, int64_t vocab,
+               int64_t stride, int64_t slice_len, bool in_smem, const float* __restrict__ uniforms,
+               const float* __restrict__ min_p) {
+  extern __shared__ __align__(16) unsigned char slice_smem[];
+  __shared__ ClusterScratch cs;
+  __shared__ SampleScratch ss;
+  if (threadIdx.x == 0) cs.max_parity = cs.sum_parity = ss.parity = 0;
   device::pdl_wait_primary();
-  const int64_t b = blockIdx.x;
-  const T* row = probs + b * stride;
-  const float max_p = RowMax(row, vocab);
+  const int64_t b = blockIdx.x / device::cluster_size();
+  float thread_max;
+  const Slice<T> s = LoadSlice(probs + b * stride, vocab, slice_len,
+                               reinterpret_cast<T*>(slice_smem), in_smem, &thread_max);
+  const float max_p = ClusterMax(thread_max, cs);
   const float threshold = fminf(fmaxf(min_p[b], 0.0f), 1.0f) * max_p;
   const float u = fminf(fmaxf(uniforms[b], 0.0f), 0x1.fffffep-1f);
-  const int64_t token =
-      SampleIndex(row, vocab, u, [&](float v) { return v >= threshold ? v : 0.0f; });
-  if (threadIdx.x == 0) out[b] = token;
+  const float scale = 0x1p31f / max_p;  // weights relative to the max: the top token is 2^31
+  SampleIndex(
+      s, u,
+      [&](T x) {
+        const float v = device::to_float(x);
+        return v >= threshold ? ProbWeight(v, scale) : 0u;
+      },
+      out + b, ss);
+  device::cluster_sync();  // peers may still read this block's shared memory
   device::pdl_launch_dependents();
 }
 
-// Enough threads for the row (a multiple of 32 for the reductions), at most 1024.
-inline int ThreadsFor(int64_t vocab) {
-  return static_cast<int>(std::clamp<int64_t>(host::div_ceil(vocab, 32) * 32, 32, 1024));
+// ----------------------------------------------------------------------------- filters
+
+/*! \brief The probability filters and the logit mask (outputs a [batch, vocab] tensor). */
+enum class Filter { kTopKMaskLogits, kTopKRenormProbs, kTopPRenormProbs };
+
+// Writes f(x) for every element of the slice to dst[0, n), 16 bytes at a time when dst is aligned.
+template <typename T, typename Fn>
+__device__ __forceinline__ void WriteSlice(T* dst, const Slice<T>& s, Fn&& f) {
+  constexpr int kVec = device::kVecSize<T>;
+  int64_t start = 0;
+  if (device::is_aligned<16>(dst) && device::is_aligned<16>(s.data)) {
+    using Vec = AlignedVector<T, kVec>;
+    for (int64_t v = threadIdx.x; v < s.n / kVec; v += blockDim.x) {
+      Vec a;
+      a.load(s.data, v);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) a[k] = f(a[k]);
+      a.store(dst, v);
+    }
+    start = s.n / kVec * kVec;
+  }
+  for (int64_t i = start + threadIdx.x; i < s.n; i += blockDim.x) dst[i] = f(s.data[i]);
 }
 
-// One block per row, ThreadsFor(vocab) threads: kernel(out, rows, vocab, stride, extra...);
-// nothing for an empty batch.
-template <typename Kernel, typename T, typename... Extra>
-inline void LaunchRows(const sampling::SampleArgs& a, Kernel kernel, int64_t* out, const T* rows,
-                       Extra... extra) {
+/*!
+ * \brief out[b] = the filtered row b of `in` (contiguous [batch, vocab]):
+ *  - kTopKMaskLogits: logits below the k-th largest become -inf;
+ *  - kTopKRenormProbs: probs below the k-th largest become 0, the rest are divided by their sum;
+ *  - kTopPRenormProbs: probs outside the smallest descending prefix with mass >= top_p of the
+ *    row's mass (ties kept) become 0, the rest are divided by their sum.
+ * k <= 0 or >= vocab keeps every token; top_p is clamped to [0, 1] (0 keeps the top token).
+ */
+template <typename T, Filter kFilter>
+__global__ void __launch_bounds__(1024, 1)
+    FilterKernel(T* __restrict__ out, const T* __restrict__ in, int64_t vocab, int64_t stride,
+                 int64_t slice_len, bool in_smem, const int64_t* __restrict__ top_k,
+                 const float* __restrict__ top_p) {
+  extern __shared__ __align__(16) unsigned char slice_smem[];
+  __shared__ ClusterScratch cs;
+  __shared__ RadixScratch rs;
+  if (threadIdx.x == 0) cs.max_parity = cs.sum_parity = rs.parity = 0;
+  device::pdl_wait_primary();
+  const int64_t b = blockIdx.x / device::cluster_size();
+  float thread_max;
+  const Slice<T> s = LoadSlice(in + b * stride, vocab, slice_len, reinterpret_cast<T*>(slice_smem),
+                               in_smem, &thread_max);
+  // The mask needs no max; the renorms weigh probabilities against it (the top token: 2^31).
+  const float row_max = kFilter == Filter::kTopKMaskLogits ? 1.0f : ClusterMax(thread_max, cs);
+  const float scale = 0x1p31f / row_max;
+  auto weight = [scale](float p) { return ProbWeight(p, scale); };
+  uint32_t threshold = 0;  // tokens with Key(x) >= threshold are kept
+  if constexpr (kFilter == Filter::kTopPRenormProbs) {
+    const float p = fminf(fmaxf(top_p[b], 0.0f), 1.0f);
+    uint64_t total = 0;
+    for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) total += weight(device::to_float(s.data[i]));
+    total = ClusterSum(total, cs);
+    if (p < 1.0f && total > 0) {
+      const double need = ceil(static_cast<double>(p) * static_cast<double>(total));
+      threshold = RadixSelect<true>(s, 0u, need < 1.0 ? 1 : static_cast<uint64_t>(need), weight, rs);
+    }
+  } else {
+    const int64_t k = top_k[b];
+    if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, static_cast<uint64_t>(k), weight, rs);
+  }
+  T* dst = out + b * vocab + s.begin;
+  if constexpr (kFilter == Filter::kTopKMaskLogits) {
+    const T masked = device::from_float<T>(-INFINITY);
+    WriteSlice(dst, s, [&](T x) { return Key(device::to_float(x)) >= threshold ? x : masked; });
+  } else {
+    uint64_t kept = 0;
+    for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
+      const float p = device::to_float(s.data[i]);
+      kept += Key(p) >= threshold ? weight(p) : 0u;
+    }
+    kept = ClusterSum(kept, cs);
+    // p / (sum of kept p) = p * scale / kept; a row with nothing kept is written as zeros.
+    const float factor = kept > 0 ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.0f;
+    WriteSlice(dst, s, [&](T x) {
+      const float p = device::to_float(x);
+      return device::from_float<T>(Key(p) >= threshold ? p * factor : 0.0f);
+    });
+  }
+  device::cluster_sync();  // peers may still read this block's shared memory
+  device::pdl_launch_dependents();
+}
+
+// ----------------------------------------------------------------------------- launch plan
+
+// Shared memory a slice may take: two 1024-thread blocks still fit an SM, with the scratch.
+inline constexpr int64_t kSliceBytes = 96 * 1024;
+
+// The plan of a sampling kernel: slices of whole 16-byte vectors, copied into shared memory
+// when they fit kSliceBytes (copy_slices).
+template <typename Kernel>
+inline host::RowClusterPlan PlanRows(const sampling::SampleArgs& a, int64_t elem_bytes, bool copy_slices,
+                                     Kernel kernel) {
+  host::RowClusterPlan plan = host::plan_row_cluster(a.batch, a.vocab, elem_bytes, device::kVecBytes, kSliceBytes,
+                                                     copy_slices, kernel, a.device.device_id);
+  plan.fits = plan.fits && copy_slices;
+  return plan;
+}
+
+// One cluster per row: kernel(out, rows, vocab, stride, plan.slice, extra...); nothing for an
+// empty batch.
+template <typename Kernel, typename Out, typename T, typename... Extra>
+inline void LaunchRows(const sampling::SampleArgs& a, const host::RowClusterPlan& plan, Kernel kernel, Out* out,
+                       const T* rows, Extra... extra) {
   if (a.batch == 0) return;
-  host::LaunchKernel(dim3(static_cast<unsigned>(a.batch)), dim3(ThreadsFor(a.vocab)), a.device)
-      .enable_pdl(true)(kernel, out, rows, a.vocab, a.stride, extra...);
+  const size_t smem = plan.fits ? static_cast<size_t>(plan.slice) * sizeof(T) : 0;
+  host::LaunchKernel(dim3(static_cast<unsigned>(a.batch) * plan.cluster), dim3(plan.threads), a.device, smem)
+      .enable_pdl(true)
+      .cluster(plan.cluster)(kernel, out, rows, a.vocab, a.stride, plan.slice, extra...);
+}
+
+// A filter op: verifies, plans and launches FilterKernel<T, kFilter> (param: top_k or top_p).
+template <Filter kFilter, typename P>
+inline void LaunchFilter(const char* op, const char* in_name, const char* param_name, tvm::ffi::TensorView out,
+                         tvm::ffi::TensorView in, tvm::ffi::TensorView param) {
+  using host::data_ptr;
+  const auto a = sampling::VerifyFilter<kDLCUDA, P>(op, in_name, param_name, out, in, param);
+  host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
+    const auto kernel = FilterKernel<T, kFilter>;
+    const auto plan = PlanRows(a, sizeof(T), true, kernel);
+    const int64_t* top_k = nullptr;
+    const float* top_p = nullptr;
+    if constexpr (kFilter == Filter::kTopPRenormProbs) {
+      top_p = data_ptr<const float>(param);
+    } else {
+      top_k = data_ptr<const int64_t>(param);
+    }
+    LaunchRows(a, plan, kernel, data_ptr<T>(out), data_ptr<const T>(in), plan.fits,
+               top_k, top_p);
+  });
 }
 
 }  // namespace sampling_detail
@@ -397,8 +595,9 @@ inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits)
   using host::data_ptr;
   const auto a = mllm_kernel::sampling::VerifyGreedySample<kDLCUDA>(out, logits);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
-    sampling_detail::LaunchRows(a, sampling_detail::GreedyKernel<T>, data_ptr<int64_t>(out),
-                                data_ptr<const T>(logits));
+    const auto kernel = sampling_detail::GreedyKernel<T>;
+    const auto plan = sampling_detail::PlanRows(a, sizeof(T), false, kernel);
+    sampling_detail::LaunchRows(a, plan, kernel, data_ptr<int64_t>(out), data_ptr<const T>(logits));
   });
 }
 
@@ -414,8 +613,10 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
   const auto a =
       mllm_kernel::sampling::VerifyTopKTopPSample<kDLCUDA>(out, logits, uniforms, top_k, top_p);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
-    sampling_detail::LaunchRows(a, sampling_detail::TopKTopPKernel<T>, data_ptr<int64_t>(out),
-                                data_ptr<const T>(logits), data_ptr<const float>(uniforms),
+    const auto kernel = sampling_detail::TopKTopPKernel<T>;
+    const auto plan = sampling_detail::PlanRows(a, sizeof(T), true, kernel);
+    sampling_detail::LaunchRows(a, plan, kernel, data_ptr<int64_t>(out), data_ptr<const T>(logits),
+                                plan.fits, data_ptr<const float>(uniforms),
                                 data_ptr<const int64_t>(top_k), data_ptr<const float>(top_p));
   });
 }
@@ -429,10 +630,32 @@ inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
   using host::data_ptr;
   const auto a = mllm_kernel::sampling::VerifyMinPSample<kDLCUDA>(out, probs, uniforms, min_p);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
-    sampling_detail::LaunchRows(a, sampling_detail::MinPKernel<T>, data_ptr<int64_t>(out),
-                                data_ptr<const T>(probs), data_ptr<const float>(uniforms),
+    const auto kernel = sampling_detail::MinPKernel<T>;
+    const auto plan = sampling_detail::PlanRows(a, sizeof(T), true, kernel);
+    sampling_detail::LaunchRows(a, plan, kernel, data_ptr<int64_t>(out), data_ptr<const T>(probs),
+                                plan.fits, data_ptr<const float>(uniforms),
                                 data_ptr<const float>(min_p));
   });
+}
+
+/*! \brief out = logits with every logit below the row's k-th largest set to -inf (ties kept);
+ *  top_k int64 [batch], <= 0 or >= vocab keeps the row. */
+inline void top_k_mask_logits(tvm::ffi::TensorView out, tvm::ffi::TensorView logits, tvm::ffi::TensorView top_k) {
+  sampling_detail::LaunchFilter<sampling_detail::Filter::kTopKMaskLogits, int64_t>("top_k_mask_logits", "logits",
+                                                                                    "top_k", out, logits, top_k);
+}
+
+/*! \brief out = probs kept by top-k (ties kept), divided by their sum; the others 0. */
+inline void top_k_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView probs, tvm::ffi::TensorView top_k) {
+  sampling_detail::LaunchFilter<sampling_detail::Filter::kTopKRenormProbs, int64_t>("top_k_renorm_probs", "probs",
+                                                                                     "top_k", out, probs, top_k);
+}
+
+/*! \brief out = probs of the smallest descending prefix with mass >= top_p of the row's mass (ties
+ *  kept), divided by their sum; the others 0. top_p float32 [batch], clamped to [0, 1]. */
+inline void top_p_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView probs, tvm::ffi::TensorView top_p) {
+  sampling_detail::LaunchFilter<sampling_detail::Filter::kTopPRenormProbs, float>("top_p_renorm_probs", "probs",
+                                                                                   "top_p", out, probs, top_p);
 }
 
 }  // namespace mllm_kernel::gpu

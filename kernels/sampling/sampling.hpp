@@ -1,11 +1,13 @@
 /*!
  * \file kernels/sampling/sampling.hpp
- * \brief The argument contract of greedy_sample, top_k_top_p_sample and min_p_sample, shared by
- * the CPU (sampling.cpp) and CUDA (sampling.cuh) entry points.
+ * \brief The argument contract of greedy_sample, top_k_top_p_sample, min_p_sample and the
+ * filters (top_k_mask_logits, top_k_renorm_probs, top_p_renorm_probs), shared by the CPU
+ * (sampling.cpp) and CUDA (sampling.cuh) entry points.
  *
  * logits / probs: [batch, vocab] float32/float16/bfloat16, unit last stride, any row stride,
  * vocab > 0; out: int64 [batch]; per-row parameters: 1-D [batch] (uniforms, top_p, min_p
- * float32; top_k int64). All on one device; out (written) shares no memory with the others.
+ * float32; top_k int64); a filter's out: contiguous [batch, vocab] of the input's dtype. All on
+ * one device; out (written) shares no memory with the others.
  */
 #ifndef MLLM_KERNEL_KERNELS_SAMPLING_HPP_
 #define MLLM_KERNEL_KERNELS_SAMPLING_HPP_
@@ -33,14 +35,13 @@ struct SampleArgs {
 template <DLDeviceType kDev>
 struct SampleVerifier {
   const char* op;
-  host::SymbolicSize batch{"batch"};
+  host::SymbolicSize batch{"batch"}, vocab{"vocab"};
+  host::SymbolicDType dtype{"dtype"};
   host::SymbolicDevice device{"device"};
 
   /*! \brief The [batch, vocab] scores (logits or probs). */
   SampleArgs Rows(const char* name, tvm::ffi::TensorView x) {
     using namespace mllm_kernel::host;  // NOLINT(*)
-    SymbolicSize vocab{"vocab"};
-    SymbolicDType dtype{"dtype"};
     const int64_t stride = VerifyFloatRows<kDev>(op, x, name, batch, vocab, dtype, device);
     ValueCheck(vocab.unwrap() > 0, op, ": argument '", name, "': the vocab dim must be non-empty");
     if constexpr (kDev == kDLCUDA) {
@@ -54,6 +55,12 @@ struct SampleVerifier {
     using namespace mllm_kernel::host;  // NOLINT(*)
     TensorMatcher({batch}).for_op(op).with_dtype<int64_t>().with_device<kDev>(device).verify(
         out, "out");
+  }
+
+  /*! \brief out of a filter: contiguous [batch, vocab] of the scores' dtype (after Rows). */
+  void FilteredOut(tvm::ffi::TensorView out) {
+    using namespace mllm_kernel::host;  // NOLINT(*)
+    TensorMatcher({batch, vocab}).for_op(op).with_dtype(dtype).with_device(device).verify(out, "out");
   }
 
   /*! \brief A per-row parameter: [batch] of T, contiguous. */
@@ -105,6 +112,23 @@ SampleArgs VerifyMinPSample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs
   v.template PerRow<float>("uniforms", uniforms);
   v.template PerRow<float>("min_p", min_p);
   host::CheckNoAliasing(v.op, {{out, "out"}}, {{probs, "probs"}, {uniforms, "uniforms"}, {min_p, "min_p"}});
+  return args;
+}
+
+/*! \brief The filters: top_k_mask_logits(out, logits, top_k), top_k_renorm_probs(out, probs,
+ *  top_k), top_p_renorm_probs(out, probs, top_p); P: the parameter's type (int64 / float32). */
+template <DLDeviceType kDev, typename P>
+SampleArgs VerifyFilter(const char* op, const char* in_name, const char* param_name, tvm::ffi::TensorView out,
+                        tvm::ffi::TensorView in, tvm::ffi::TensorView param) {
+  SampleVerifier<kDev> v{op};
+  const SampleArgs args = v.Rows(in_name, in);  // first: a bad input is named, not the out made from it
+  v.FilteredOut(out);
+  v.template PerRow<P>(param_name, param);
+  host::CheckNoAliasing(op, {{out, "out"}}, {{in, in_name}, {param, param_name}});
+  if constexpr (kDev == kDLCUDA) {
+    host::ValueCheck(args.vocab <= 0x7fffffff, op, ": argument '", in_name, "': vocab ", args.vocab,
+                     " is over 2^31 - 1 (token counts are 32-bit)");
+  }
   return args;
 }
 

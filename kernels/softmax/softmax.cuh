@@ -5,10 +5,11 @@
  *
  * Rows of up to 4096 16-byte vectors (bf16 32K, fp32 16K), 16-byte aligned: the row-block
  * scheme of mllm_kernel/row_block.cuh, the row held in registers across a max and a sum
- * reduction. Longer or unaligned rows: one block per row; pass 1 reads the row once and keeps
- * a per-thread online (max, sum of exp), combined by two block reductions, and pass 2 writes
- * the output; when the row fits in shared memory pass 1 also copies it there, so global memory
- * is read once and written once. Exponentials are exp2_approx with log2(e) folded into the
+ * reduction. Longer or unaligned rows: a row is split over a cluster of blocks (sm_90; few rows
+ * still fill the GPU) or one block (before), mllm_kernel/row_cluster.cuh; pass 1 reads the
+ * block's slice once and keeps a per-thread online (max, sum of exp), combined by two block
+ * reductions and then over the cluster, and pass 2 writes the output; when the slice fits in
+ * shared memory pass 1 also copies it there, so global memory is read once and written once. Exponentials are exp2_approx with log2(e) folded into the
  * scale (the error it adds is far below float32 rounding of the probabilities that matter).
  *
  * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
@@ -18,6 +19,7 @@
 #define MLLM_KERNEL_KERNELS_SOFTMAX_CUH_
 
 #include <mllm_kernel/row_block.cuh>
+#include <mllm_kernel/row_cluster.cuh>
 #include <mllm_kernel/utils.cuh>
 
 #include "softmax.hpp"
@@ -57,18 +59,26 @@ __device__ __forceinline__ void OnlineUpdate(float& run_max, float& run_sum, flo
   run_sum = s;
 }
 
+// (max, sum of exp((x - max) / T)) of two parts of a row, combined.
+struct MaxSum {
+  float max, sum;
+};
+
 // kVec: elements per access (16 bytes / sizeof(T), or 1 for the scalar path).
-// kCache: keep the row in dynamic shared memory between the two passes.
+// kCache: keep the slice in dynamic shared memory between the two passes.
+// A row is split over a cluster (row_cluster.cuh): block r handles elements [r * slice, ...).
 template <typename T, int kVec, bool kCache, bool kLog>
 __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int64_t vocab,
-                              int64_t x_stride, float inv_temp) {
+                              int64_t x_stride, int64_t slice, float inv_temp) {
   using Vec = AlignedVector<T, kVec>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ MaxSum block_parts[2];
   Vec* cache = reinterpret_cast<Vec*>(smem_raw);
-  const int64_t row = blockIdx.x;
-  const T* x_row = x + row * x_stride;
-  T* out_row = out + row * vocab;
-  const int64_t num_vecs = vocab / kVec;  // the launcher guarantees vocab % kVec == 0
+  const int64_t row = blockIdx.x / device::cluster_size();
+  const auto [begin, n] = device::row_slice(vocab, slice);
+  const T* x_row = x + row * x_stride + begin;
+  T* out_row = out + row * vocab + begin;
+  const int64_t num_vecs = n / kVec;  // the launcher makes vocab and slice whole vectors
 
   const float scale2 = inv_temp * (2.0f * kLog2e);  // see ExpShifted
   device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
@@ -86,10 +96,25 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
     }
     OnlineUpdate(run_max, run_sum, chunk_max, f, kVec, scale2);
   }
-  const float row_max = device::block_reduce_max(run_max);  // of x; inv_temp > 0
+  float row_max = device::block_reduce_max(run_max);  // of x; inv_temp > 0
+  const float part = (run_max == -INFINITY) ? 0.0f : run_sum * ExpShifted(run_max, 0.5f * row_max, scale2);
+  float sum = device::block_reduce_sum(part);  // syncs: the cache is complete after it
+  if (device::cluster_size() > 1) {  // the blocks' (max, sum) in rank order
+    unsigned parity = 0;
+    const MaxSum all = device::cluster_all_reduce(
+        MaxSum{row_max, sum},
+        [&](MaxSum a, MaxSum b) {
+          const float m = fmaxf(a.max, b.max);
+          if (m == -INFINITY) return MaxSum{m, 0.0f};
+          const float sa = a.max == -INFINITY ? 0.0f : a.sum * ExpShifted(a.max, 0.5f * m, scale2);
+          const float sb = b.max == -INFINITY ? 0.0f : b.sum * ExpShifted(b.max, 0.5f * m, scale2);
+          return MaxSum{m, sa + sb};
+        },
+        block_parts, parity);
+    row_max = all.max;
+    sum = all.sum;
+  }
   const float half_max = 0.5f * row_max;
-  const float part = (run_max == -INFINITY) ? 0.0f : run_sum * ExpShifted(run_max, half_max, scale2);
-  const float sum = device::block_reduce_sum(part);  // syncs: the cache is complete after it
   const float log_sum = logf(sum);
   const float inv_sum = 1.0f / sum;
   const float inv_temp2 = 2.0f * inv_temp;
@@ -109,6 +134,7 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
     }
     o.store(out_row, v);
   }
+  if (device::cluster_size() > 1) device::cluster_sync();  // peers may still read block_parts
   device::pdl_launch_dependents();
 }
 
@@ -160,22 +186,20 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
 template <typename T, int kVec, bool kLog>
 void LaunchTyped(DLDevice dev, T* out, const T* x, int64_t rows, int64_t vocab, int64_t stride,
                  float inv_temp) {
-  const int64_t work = vocab / kVec;
-  // Enough threads for the row, a multiple of 32 (block reductions), at most 1024.
-  const int threads =
-      static_cast<int>(std::clamp<int64_t>(host::div_ceil(work, 32) * 32, 32, 1024));
-  // Leave room for the reductions' static shared memory (<= 1 KiB).
-  const int64_t row_bytes = vocab * static_cast<int64_t>(sizeof(T));
-  const bool cache = row_bytes <= host::MaxSharedMemoryPerBlock(dev.device_id) - 1024;
   host::RuntimeCheck(rows <= 0x7fffffff, "softmax: too many rows (", rows, ") for one grid");
-  const dim3 grid(static_cast<unsigned>(rows));
-  if (cache) {
-    host::LaunchKernel(grid, dim3(threads), dev, static_cast<size_t>(row_bytes))
-        .enable_pdl(true)(SoftmaxKernel<T, kVec, true, kLog>, out, x, vocab, stride, inv_temp);
-  } else {
-    host::LaunchKernel(grid, dim3(threads), dev)
-        .enable_pdl(true)(SoftmaxKernel<T, kVec, false, kLog>, out, x, vocab, stride, inv_temp);
-  }
+  // Leave room for the reductions' static shared memory (<= 1 KiB).
+  const int64_t budget = host::MaxSharedMemoryPerBlock(dev.device_id) - 1024;
+  const auto cached = SoftmaxKernel<T, kVec, true, kLog>;
+  const host::RowClusterPlan plan =
+      host::plan_row_cluster(rows, vocab, sizeof(T), kVec, budget, true, cached, dev.device_id);
+  // Enough threads for the slice, a multiple of 32 (block reductions), at most 1024.
+  const int threads = static_cast<int>(std::clamp<int64_t>(host::div_ceil(plan.slice / kVec, 32) * 32, 32, 1024));
+  const dim3 grid(static_cast<unsigned>(rows) * plan.cluster);
+  const size_t smem = plan.fits ? static_cast<size_t>(plan.slice) * sizeof(T) : 0;
+  host::LaunchKernel(grid, dim3(threads), dev, smem)
+      .enable_pdl(true)
+      .cluster(plan.cluster)(plan.fits ? cached : SoftmaxKernel<T, kVec, false, kLog>, out, x, vocab, stride,
+                             plan.slice, inv_temp);
 }
 
 template <typename T, bool kLog>

@@ -19,8 +19,11 @@ from mllm_kernel.kernels.sampling import (
     greedy_sample,
     min_p_sample,
     min_p_sample_from_uniforms,
+    top_k_mask_logits,
+    top_k_renorm_probs,
     top_k_top_p_sample,
     top_k_top_p_sample_from_uniforms,
+    top_p_renorm_probs,
 )
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -88,6 +91,17 @@ def ref_min_p(probs, uniforms, min_p):
         tokens.append(token)
         margins.append(margin)
     return torch.tensor(tokens), torch.tensor(margins)
+
+
+def ref_min_p_unambiguous(probs, uniforms, min_p):
+    """ref_min_p, with rows that have a probability within BOUNDARY of their threshold marked
+    ambiguous (the kernels round min_p * max(p) to float32)."""
+    tokens, margins = ref_min_p(probs, uniforms, min_p)
+    p64 = probs.double()
+    thr = min_p.double()[:, None] * p64.max(-1, keepdim=True).values
+    near = ((p64 - thr).abs() <= BOUNDARY * p64.max(-1, keepdim=True).values).any(-1)
+    margins[near & (min_p > 0) & (min_p < 1)] = 0.0
+    return tokens, margins
 
 
 def top_p_between_tokens(x: torch.Tensor, k: int, rank: int) -> float:
@@ -304,6 +318,112 @@ def test_sampling_torch_compile():
         assert torch.equal(got, want)
 
 
+# ----------------------------------------------------------------------------- filters (CPU and CUDA)
+
+
+def ref_top_k_threshold(x: torch.Tensor, k: int) -> float:
+    return x.topk(k).values[-1].item() if 0 < k < x.numel() else -float("inf")
+
+
+def ref_filter(op: str, x: torch.Tensor, param) -> torch.Tensor:
+    """float64 reference of one row of a filter op."""
+    x = x.double()
+    if op == "top_k_mask_logits":
+        return torch.where(x >= ref_top_k_threshold(x, int(param)), x, torch.full_like(x, -float("inf")))
+    if op == "top_k_renorm_probs":
+        thr = ref_top_k_threshold(x, int(param))
+    else:
+        thr = -float("inf")
+        if float(param) < 1.0:
+            vals = x.sort(descending=True).values
+            cum = vals.clamp_min(0).cumsum(0)
+            thr = vals[int((cum >= float(param) * cum[-1]).nonzero()[0])].item()
+    kept = torch.where(x >= thr, x, torch.zeros_like(x))
+    return kept / kept.sum()
+
+
+def top_p_between_probs(p: torch.Tensor, rank: int) -> float:
+    """A float32 top_p halfway between the masses of the first rank and rank + 1 probabilities
+    (descending), relative to the row's mass: the kept prefix is unambiguous."""
+    cum = (p.double().sort(descending=True).values.cumsum(0) / p.double().sum()).tolist()
+    low = cum[rank - 1] if rank > 0 else 0.0
+    return f32((low + cum[rank]) / 2) if rank + 1 < len(cum) else 1.0
+
+
+FILTER_TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+def check_filter(op: str, device: str, x: torch.Tensor, params: torch.Tensor) -> None:
+    """The op (through its module, into a NaN-poisoned out) against ref_filter, row by row."""
+    out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=device)
+    getattr(_modules[device], op)(out, x.to(device), params.to(device))
+    for b in range(x.shape[0]):
+        want = ref_filter(op, x[b], params[b])
+        torch.testing.assert_close(out[b].cpu().double(), want, rtol=FILTER_TOL[x.dtype], atol=1e-7,
+                                   msg=lambda m: f"{op} row {b}: {m}")
+
+
+def filter_inputs(op: str, batch: int, vocab: int, dtype, seed: int):
+    logits = make_logits(batch, vocab, dtype, seed=seed)
+    if op == "top_k_mask_logits":
+        return logits, torch.tensor([[0, 1, 5, 50, vocab, -3][b % 6] for b in range(batch)], dtype=torch.int64)
+    probs = torch.softmax(logits.double(), -1).to(dtype)
+    if op == "top_k_renorm_probs":
+        return probs, torch.tensor([[0, 1, 5, 50, vocab, -3][b % 6] for b in range(batch)], dtype=torch.int64)
+    ranks = [0, 2, 9, 40, 1, 200]
+    top_p = [top_p_between_probs(probs[b], min(ranks[b % 6], vocab - 1)) for b in range(batch)]
+    top_p[0] = 1.0
+    return probs, torch.tensor(top_p, dtype=torch.float32)
+
+
+FILTERS = ("top_k_mask_logits", "top_k_renorm_probs", "top_p_renorm_probs")
+
+
+@pytest.mark.parametrize("op", FILTERS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", (1, 17, 1000, 4099))
+def test_filters_match_reference(op, vocab, dtype):
+    x, params = filter_inputs(op, 6, vocab, dtype, seed=vocab + 31)
+    check_filter(op, "cpu", x, params)
+
+
+def test_filters_public_api():
+    logits = make_logits(3, 200, seed=41)
+    masked = top_k_mask_logits(logits, 7)
+    assert masked.shape == logits.shape and (masked > -float("inf")).sum(-1).tolist() == [7, 7, 7]
+    probs = torch.softmax(logits, -1)
+    assert torch.allclose(top_k_renorm_probs(probs, 200), probs / probs.sum(-1, keepdim=True))
+    assert torch.equal(top_p_renorm_probs(probs, 1.0) > 0, probs > 0)
+    kept = top_p_renorm_probs(probs, torch.full((3,), 1e-6))  # tiny top_p: the top token only
+    assert torch.equal(kept.argmax(-1), probs.argmax(-1)) and torch.equal(kept.amax(-1), torch.ones(3))
+    with pytest.raises(ValueError, match="top_p"):
+        top_p_renorm_probs(probs, 0.0)
+    with pytest.raises(ValueError, match=r"top_p\[1\]"):
+        top_p_renorm_probs(probs, torch.tensor([0.5, 1.5, 0.5]))
+    with pytest.raises(TypeError, match="top_k"):
+        top_k_mask_logits(logits, "7")
+    with pytest.raises(ValueError, match="2-D"):
+        top_k_renorm_probs(probs[0], 3)
+    compiled = torch.compile(lambda x: top_k_mask_logits(x, torch.full((3,), 5)), fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(logits), top_k_mask_logits(logits, 5))
+
+
+@requires_cuda
+@pytest.mark.parametrize("op", FILTERS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,vocab", [(6, 17), (6, 4099), (1, 151936), (2, 600_001), (300, 999)])
+def test_filters_cuda(op, batch, vocab, dtype):
+    # Every launch plan: a row over 16 blocks, rows beyond shared memory, one block per row.
+    x, params = filter_inputs(op, batch, vocab, dtype, seed=batch + vocab)
+    rows = min(batch, 6)
+    out = torch.full(x.shape, float("nan"), dtype=x.dtype, device="cuda")
+    getattr(_modules["cuda"], op)(out, x.cuda(), params.cuda())
+    check_filter(op, "cuda", x[:rows], params[:rows])
+    assert not out.isnan().any()  # every element written, every row
+    unaligned = torch.cat([x[:, :1], x], 1)[:, 1:]  # off 16-byte alignment
+    torch.testing.assert_close(globals()[op](unaligned.cuda(), params.cuda()), out, rtol=0, atol=0)
+
+
 # ----------------------------------------------------------------------------- CUDA
 
 
@@ -345,11 +465,7 @@ def test_min_p_cuda_matches_reference_and_cpu(vocab, dtype):
     probs = torch.softmax(make_logits(batch, vocab, seed=vocab + 2).double(), -1).to(dtype)
     min_p = torch.tensor([0.0, 0.05, 0.2, 0.5, 1.0], dtype=torch.float32)
     u = safe_uniforms(batch, seed=vocab + 3)
-    ref, margins = ref_min_p(probs, u, min_p)
-    p64 = probs.double()
-    thr = min_p.double()[:, None] * p64.max(-1, keepdim=True).values
-    near = ((p64 - thr).abs() <= BOUNDARY * p64.max(-1, keepdim=True).values).any(-1)
-    margins[near & (min_p > 0) & (min_p < 1)] = 0.0
+    ref, margins = ref_min_p_unambiguous(probs, u, min_p)
     out = min_p_sample_from_uniforms(probs.cuda(), u.cuda(), min_p.cuda())
     assert_tokens_match(out, ref, margins)
     assert_tokens_match(out, min_p_sample_from_uniforms(probs, u, min_p), margins)
@@ -378,6 +494,47 @@ def test_sampling_cuda_unaligned(dtype):
     p = top_p_between_tokens(x[0], 30, 5)
     ref, margins = ref_top_k_top_p(x.cpu(), u, [30] * 4, [p] * 4)
     assert_tokens_match(top_k_top_p_sample_from_uniforms(x, u.cuda(), 30, p), ref, margins)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("batch,vocab", [(1, 151936), (2, 600_001), (40, 32000), (300, 4099)])
+def test_sampling_cuda_launch_plans(batch, vocab, dtype):
+    # Rows split over 16 blocks (batch 1), rows too long for shared memory (read from global
+    # memory each pass), a few blocks per row (40) and one block per row (300, on sm_90 too).
+    x = make_logits(batch, vocab, dtype, seed=batch + vocab)
+    rows = list(range(min(batch, 6)))  # the float64 reference is slow: check a few rows
+    u = safe_uniforms(batch, seed=vocab + 7)
+    k = torch.tensor([[0, 1, 5, 50, 1000, -3][b % 6] for b in range(batch)], dtype=torch.int64)
+    p = torch.tensor([[1.0, 0.5, 0.9, 0.95, 0.3, 0.8][b % 6] for b in range(batch)], dtype=torch.float32)
+    for b in rows:
+        p[b] = top_p_between_tokens(x[b], int(k[b]), [0, 2, 3, 10, 30, 1][b % 6]) if b % 6 else 1.0
+    out = top_k_top_p_sample_from_uniforms(x.cuda(), u.cuda(), k.cuda(), p.cuda()).cpu()
+    ref, margins = ref_top_k_top_p(x[rows], u[rows], k[rows], p[rows])
+    assert_tokens_match(out[rows], ref, margins)
+    for b in range(batch):  # every row: a kept token (its logit reaches the row's k-th largest)
+        if 0 < k[b] < vocab:
+            assert x[b, out[b]] >= x[b].topk(int(k[b])).values[-1]
+    assert torch.equal(greedy_sample(x.cuda()).cpu(), torch.argmax(x, dim=-1))
+    probs = torch.softmax(x.double(), -1).to(dtype)
+    min_p = torch.tensor([[0.0, 0.05, 0.2, 0.5, 1.0][b % 5] for b in range(batch)], dtype=torch.float32)
+    out = min_p_sample_from_uniforms(probs.cuda(), u.cuda(), min_p.cuda()).cpu()
+    ref, margins = ref_min_p_unambiguous(probs[rows], u[rows], min_p[rows])
+    assert_tokens_match(out[rows], ref, margins)
+
+
+@requires_cuda
+def test_sampling_cuda_same_token_for_every_plan():
+    # Fixed-point weights: the token does not depend on how a row is split over blocks.
+    vocab = 128256
+    x = make_logits(1, vocab, seed=21, device="cuda")
+    u = torch.rand(64, generator=torch.Generator().manual_seed(22)).cuda()
+    alone = [top_k_top_p_sample_from_uniforms(x, u[i:i + 1], 40, 0.9) for i in range(64)]
+    together = top_k_top_p_sample_from_uniforms(x.expand(64, vocab), u, 40, 0.9)
+    assert torch.equal(torch.cat(alone), together)
+    probs = torch.softmax(x, -1)
+    alone = [min_p_sample_from_uniforms(probs, u[i:i + 1], 0.05) for i in range(64)]
+    assert torch.equal(torch.cat(alone), min_p_sample_from_uniforms(probs.expand(64, vocab), u, 0.05))
 
 
 @requires_cuda

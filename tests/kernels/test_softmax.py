@@ -247,6 +247,20 @@ def test_softmax_unaligned_and_strided_cuda(dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("shape", ((1, 128256), (1, 151936), (2, 1_000_003), (8, 32000), (300, 32768)))
+def test_softmax_row_split_over_blocks_cuda(shape, dtype):
+    # Few rows: each row is split over a cluster of blocks on sm_90 (their (max, sum) combined);
+    # a million-element row does not fit shared memory; 300 rows take one block each.
+    x = make_logits(shape, dtype, device="cuda", seed=shape[0] + shape[1])
+    x[0, : shape[1] // 3] = float("-inf")  # whole blocks of the first row see only -inf
+    out = torch.full_like(x, float("nan"))
+    _modules["cuda"].softmax(out, x, 1.0)
+    check(out, ref_softmax(x), dtype, TOL)
+    check(log_softmax(x[:, 1:]), ref_log_softmax(x[:, 1:]), dtype, LOG_TOL)  # unaligned rows
+
+
+@requires_cuda
 def test_softmax_cuda_graph():
     x = make_logits((4, 32000), torch.bfloat16, device="cuda", seed=12)
     softmax(x)  # build and load outside the capture

@@ -2,7 +2,8 @@
  * \file mllm_kernel/cuda/launch.cuh
  * \brief Launching kernels: LaunchKernel on torch's current stream with programmatic dependent
  *        launch (PDL), the kernel side of PDL (pdl_wait_primary / pdl_launch_dependents),
- *        CudaCheck / MLLM_CUDA_CHECK, the per-device compute capability and opt-in shared memory.
+ *        CudaCheck / MLLM_CUDA_CHECK, and device attributes (compute capability, opt-in shared
+ *        memory, SM count) queried once per device. LaunchKernel also launches clusters.
  *
  * \code{.cpp}
  *   host::LaunchKernel(grid, block, dst.device()).enable_pdl(true)(my_kernel, out, in, n);
@@ -61,32 +62,34 @@ inline void CudaCheck(cudaError_t err, const Args&... msg) {
 #define MLLM_CUDA_CHECK(expr) \
   ::mllm_kernel::host::CudaCheck((expr), #expr, " at ", __FILE__, ":", __LINE__)
 
-/*! \brief Compute capability as major * 10 + minor, queried once per device. */
-inline int GetComputeCapability(int device) {
-  constexpr int kMaxCachedDevices = 64;
-  static std::atomic<int> cache[kMaxCachedDevices] = {};  // 0: not queried yet
-  if (device >= 0 && device < kMaxCachedDevices) {
-    if (const int cc = cache[device].load(std::memory_order_relaxed); cc != 0) return cc;
-  }
-  int major = 0, minor = 0;
-  MLLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  MLLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  const int cc = major * 10 + minor;
-  if (device >= 0 && device < kMaxCachedDevices) cache[device].store(cc, std::memory_order_relaxed);
-  return cc;
-}
-
-/*! \brief The shared memory one block may opt into on \p device (bytes), queried once per device. */
-inline int64_t MaxSharedMemoryPerBlock(int device) {
+/*! \brief A device attribute, queried once per device and attribute (they never change). */
+template <cudaDeviceAttr kAttr>
+inline int CachedDeviceAttribute(int device) {
   constexpr int kMaxCachedDevices = 64;
   static std::atomic<int> cache[kMaxCachedDevices] = {};  // 0: not queried yet
   if (device >= 0 && device < kMaxCachedDevices) {
     if (const int v = cache[device].load(std::memory_order_relaxed); v != 0) return v;
   }
   int value = 0;
-  MLLM_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  MLLM_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttr, device));
   if (device >= 0 && device < kMaxCachedDevices) cache[device].store(value, std::memory_order_relaxed);
   return value;
+}
+
+/*! \brief Compute capability as major * 10 + minor. */
+inline int GetComputeCapability(int device) {
+  return CachedDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(device) * 10 +
+         CachedDeviceAttribute<cudaDevAttrComputeCapabilityMinor>(device);
+}
+
+/*! \brief The shared memory one block may opt into on \p device (bytes). */
+inline int64_t MaxSharedMemoryPerBlock(int device) {
+  return CachedDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+}
+
+/*! \brief The number of SMs of \p device. */
+inline int MultiProcessorCount(int device) {
+  return CachedDeviceAttribute<cudaDevAttrMultiProcessorCount>(device);
 }
 
 /*!
@@ -129,6 +132,15 @@ class LaunchKernel {
     return *this;
   }
 
+  /*!
+   * \brief Launch as clusters of \p blocks consecutive blocks along x (sm_90 and up; grid.x must
+   *        be a multiple). Above 8, the portable limit, the kernel is allowed a non-portable size.
+   */
+  LaunchKernel& cluster(unsigned blocks) {
+    cluster_ = blocks;
+    return *this;
+  }
+
   template <typename... Params, typename... Args>
   void operator()(void (*kernel)(Params...), Args&&... args) const {
     cudaError_t err = cudaSuccess;
@@ -142,14 +154,22 @@ class LaunchKernel {
       config.dynamicSmemBytes = smem_bytes_;
       config.stream =
           static_cast<cudaStream_t>(TVMFFIEnvGetStream(device_.device_type, device_.device_id));
-      cudaLaunchAttribute attr[1];
+      cudaLaunchAttribute attr[2];
+      config.attrs = attr;
       if (pdl_) {
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        config.attrs = attr;
-        config.numAttrs = 1;
+        attr[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
       }
-      if (smem_bytes_ > 48 * 1024) {  // beyond the default limit needs an explicit opt-in
+      if (cluster_ > 1) {
+        attr[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        attr[config.numAttrs].val.clusterDim.x = cluster_;
+        attr[config.numAttrs].val.clusterDim.y = 1;
+        attr[config.numAttrs++].val.clusterDim.z = 1;
+        if (cluster_ > 8) {
+          err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        }
+      }
+      if (err == cudaSuccess && smem_bytes_ > 48 * 1024) {  // beyond 48 KiB needs an opt-in
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem_bytes_));
       }
@@ -177,13 +197,15 @@ class LaunchKernel {
     Panic("CUDA kernel launch failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
           ") for kernel ", name, " with grid (", grid_.x, ", ", grid_.y, ", ", grid_.z,
           "), block (", block_.x, ", ", block_.y, ", ", block_.z, "), dynamic smem ",
-          smem_bytes_, " bytes, on cuda:", device_.device_id, pdl_ ? " with PDL" : "");
+          smem_bytes_, " bytes, cluster ", cluster_, ", on cuda:", device_.device_id,
+          pdl_ ? " with PDL" : "");
   }
 
   dim3 grid_;
   dim3 block_;
   DLDevice device_;
   size_t smem_bytes_;
+  unsigned cluster_ = 1;
   bool pdl_ = false;
 };
 

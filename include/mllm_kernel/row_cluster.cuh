@@ -1,0 +1,125 @@
+/*!
+ * \file mllm_kernel/row_cluster.cuh
+ * \brief A row split over a thread-block cluster (sm_90; one block before): the launch plan for
+ *        few long rows (decode-time logits), this block's slice of its row, and reductions of
+ *        one value per block over the cluster through distributed shared memory.
+ *
+ * Block r of a row's cluster owns elements [r * slice, (r + 1) * slice) of it. The plan depends
+ * on the shape and device only (CUDA-graph safe): enough blocks per row that every SM gets work,
+ * more while a slice would not fit the caller's shared-memory budget.
+ */
+#ifndef MLLM_KERNEL_ROW_CLUSTER_CUH_
+#define MLLM_KERNEL_ROW_CLUSTER_CUH_
+
+#include <mllm_kernel/cuda/cluster.cuh>
+#include <mllm_kernel/cuda/launch.cuh>
+#include <mllm_kernel/cuda/vec.cuh>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+namespace mllm_kernel::device {
+
+/*! \brief This block's part of its row: elements [begin, begin + n). */
+struct RowSlice {
+  int64_t begin, n;
+};
+
+/*! \brief The slice of this block (cluster rank r): [r * slice, (r + 1) * slice) within vocab. */
+__device__ __forceinline__ RowSlice row_slice(int64_t vocab, int64_t slice) {
+  const int64_t begin = min(vocab, static_cast<int64_t>(cluster_rank()) * slice);
+  return {begin, min(vocab - begin, slice)};
+}
+
+/*!
+ * \brief op over one value per block of the cluster, in rank order (deterministic); every
+ *        thread gets it. `value` must be the same in all of the block's threads and all threads
+ *        must call. Two slots alternate (parity) so that a slot is rewritten only after a later
+ *        cluster barrier, which every reader of its previous value has passed.
+ */
+template <typename V, typename Op>
+__device__ __forceinline__ V cluster_all_reduce(V value, Op op, V (&slots)[2], unsigned& parity) {
+  const unsigned par = parity;  // read before the barrier: faster threads flip it after
+  if (threadIdx.x == 0) slots[par] = value;
+  cluster_sync();
+  V acc = *cluster_peer(&slots[par], 0);
+  for (unsigned r = 1; r < cluster_size(); ++r) acc = op(acc, *cluster_peer(&slots[par], r));
+  parity = par ^ 1u;
+  return acc;
+}
+
+}  // namespace mllm_kernel::device
+
+namespace mllm_kernel::host {
+
+/*! \brief Clusters of `cluster` blocks of `threads` threads, one cluster per row, `slice`
+ *         elements per block; `fits`: a slice fits the caller's shared-memory budget. */
+struct RowClusterPlan {
+  unsigned cluster, threads;
+  int64_t slice;
+  bool fits;
+};
+
+/*!
+ * \brief Whether clusters of 16 blocks of `kernel` (non-portable; 8 always fit) can be
+ *        scheduled on \p device with 1024 threads and \p smem_bytes each, asked once per kernel
+ *        type and device.
+ */
+template <typename Kernel>
+inline bool cluster16_fits(Kernel kernel, int device, int64_t smem_bytes) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<int> cache[kMaxCachedDevices] = {};  // 0: not asked, 1: no, 2: yes
+  if (device >= 0 && device < kMaxCachedDevices) {
+    if (const int v = cache[device].load(std::memory_order_relaxed); v != 0) return v == 2;
+  }
+  bool fits = false;
+  {
+    tvm::ffi::CUDADeviceGuard guard(device);
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(16);
+    config.blockDim = dim3(1024);
+    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 16;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    int clusters = 0;
+    fits = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(smem_bytes)) == cudaSuccess &&
+           cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
+    cudaGetLastError();  // a refusal only means clusters of 8
+  }
+  if (device >= 0 && device < kMaxCachedDevices) cache[device].store(fits ? 2 : 1, std::memory_order_relaxed);
+  return fits;
+}
+
+/*!
+ * \brief The plan for `rows` rows of `vocab` elements of `elem_bytes`: blocks per row doubled
+ *        (up to 16 on sm_90, 1 before) while the grid stays within two blocks per SM, then while
+ *        a slice exceeds `slice_bytes` (if copy_slices); slices are whole `align_elems` units;
+ *        about 8 elements per thread, 256 to 1024 threads. `kernel` is asked whether 16 fit.
+ */
+template <typename Kernel>
+inline RowClusterPlan plan_row_cluster(int64_t rows, int64_t vocab, int64_t elem_bytes, int64_t align_elems,
+                                       int64_t slice_bytes, bool copy_slices, Kernel kernel, int device) {
+  unsigned max_cluster = 1;
+  if (GetComputeCapability(device) >= 90) max_cluster = cluster16_fits(kernel, device, slice_bytes) ? 16 : 8;
+  const int64_t sms = MultiProcessorCount(device);
+  constexpr int64_t kMaxGrid = 0x7fffffff;
+  unsigned cluster = 1;
+  auto can_grow = [&] { return cluster < max_cluster && rows * cluster * 2 <= kMaxGrid; };
+  while (can_grow() && rows * cluster * 2 <= sms) cluster *= 2;
+  auto slice_for = [&](unsigned c) { return div_ceil(div_ceil(vocab, c), align_elems) * align_elems; };
+  while (copy_slices && can_grow() && slice_for(cluster) * elem_bytes > slice_bytes) cluster *= 2;
+  const int64_t slice = slice_for(cluster);
+  const int64_t threads = std::clamp<int64_t>(div_ceil(slice, 8 * 32) * 32, 256, 1024);
+  return {cluster, static_cast<unsigned>(threads), slice, slice * elem_bytes <= slice_bytes};
+}
+
+}  // namespace mllm_kernel::host
+
+#endif  // MLLM_KERNEL_ROW_CLUSTER_CUH_
