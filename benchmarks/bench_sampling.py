@@ -15,16 +15,19 @@ which select its fastest path: the radix top-k kernel for top_k_top_p_sampling_f
 - min_p: min_p = 0.1 from probs. FlashInfer min_p_sampling_from_probs.
 - greedy: argmax; the peer is torch.argmax.
 - softmax: FlashInfer softmax, torch.softmax (eager) and its torch.compile (inductor) build.
+- top_k_mask (k = 50, logits) and top_p_renorm (p = 0.9, probs): FlashInfer top_k_mask_logits and
+  top_p_renorm_probs; eager: topk + masked_fill, and sort + cumsum + scatter.
 Eager: torch's sort-based sampler (sort, softmax, cumsum, mask, inverse CDF with the same
 uniforms), torch.argmax for greedy, torch.softmax for softmax.
 
 Timing: gpu_timing.time_graph (CUDA-graph replays, median), over enough input sets that one
 replay reads >= 4x the L2 cache (at most 64 sets). GB/s counts the logits read once (and the
-probabilities written, for softmax); "% copy" is against a large device-to-device copy_ in the
+output written, for softmax and the filters); "% copy" is against a large device-to-device copy_ in the
 same run. Every implementation's tokens are
 checked before timing: greedy must equal torch.argmax, and sampled tokens must be in the kept
 set of a float64 reference of the rule (top-k / top-p / min-p); softmax outputs must match
-torch.softmax of the float64 logits within the dtype's tolerance.
+torch.softmax of the float64 logits within the dtype's tolerance; ours for the filters must match
+the float64 reference (a peer that differs is still timed, the difference noted in the JSON).
 """
 
 from __future__ import annotations
@@ -44,8 +47,11 @@ from mllm_kernel.kernels.softmax import softmax  # noqa: E402
 from mllm_kernel.kernels.sampling import (  # noqa: E402
     greedy_sample,
     min_p_sample_from_uniforms,
+    top_k_mask_logits,
     top_k_top_p_sample_from_uniforms,
+    top_p_renorm_probs,
 )
+from mllm_kernel.kernels.sampling.cases import ref_filter  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_timing import copy_gbps, time_graph  # noqa: E402
@@ -84,6 +90,19 @@ def eager_min_p(probs, u, min_p: float):
     return (cum <= u[:, None] * cum[:, -1:]).sum(-1).clamp_(max=probs.shape[-1] - 1)
 
 
+def eager_top_k_mask(logits, k: int):
+    kth = logits.topk(k, -1).values[:, -1:]
+    return logits.masked_fill(logits < kth, -math.inf)
+
+
+def eager_top_p_renorm(probs, p: float):
+    vals, idx = probs.sort(-1, descending=True)
+    before = vals.cumsum(-1) - vals
+    vals = vals.masked_fill(before >= p * vals.sum(-1, keepdim=True), 0.0)
+    vals = vals / vals.sum(-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(-1, idx, vals)
+
+
 def kept_sets(logits, k: int, p: float):
     """float64 reference of the kept set per row (ties kept), as a boolean [batch, vocab]."""
     x = logits.double()
@@ -120,12 +139,22 @@ def make_sets(batch: int, vocab: int, dtype, l2_bytes: int):
 
 def bench_op(op: str, batch: int, vocab: int, dtype, sets, args, copy: float) -> dict:
     row = {"op": op, "batch": batch, "vocab": vocab, "dtype": str(dtype).removeprefix("torch.")}
-    k = torch.full((batch,), TOP_K if op == "top_k_top_p" else 0, dtype=torch.int64, device="cuda")
+    k = torch.full((batch,), TOP_K if op in ("top_k_top_p", "top_k_mask") else 0, dtype=torch.int64, device="cuda")
     p = torch.full((batch,), TOP_P, dtype=torch.float32, device="cuda")
     mp = torch.full((batch,), MIN_P, dtype=torch.float32, device="cuda")
     kk = TOP_K if op == "top_k_top_p" else 0
 
     def impls(logits, u, probs):
+        if op == "top_k_mask":
+            out = {"ours": lambda: top_k_mask_logits(logits, k), "eager": lambda: eager_top_k_mask(logits, TOP_K)}
+            if fis is not None:
+                out["fi"] = lambda: fis.top_k_mask_logits(logits, TOP_K)
+            return out
+        if op == "top_p_renorm":
+            out = {"ours": lambda: top_p_renorm_probs(probs, p), "eager": lambda: eager_top_p_renorm(probs, TOP_P)}
+            if fis is not None:
+                out["fi"] = lambda: fis.top_p_renorm_probs(probs, TOP_P)
+            return out
         if op == "softmax":
             out = {"ours": lambda: softmax(logits), "eager": lambda: torch.softmax(logits, -1),
                    "inductor": lambda: inductor_softmax(logits)}
@@ -147,6 +176,9 @@ def bench_op(op: str, batch: int, vocab: int, dtype, sets, args, copy: float) ->
         return out
 
     per_set = [impls(*s) for s in sets]
+    if op in args.no_flashinfer_for.split(","):
+        for calls in per_set:
+            calls.pop("fi", None)
     logits0, _, probs0 = sets[0]
     allowed = (logits0 == logits0.amax(-1, keepdim=True)) if op == "greedy" else (
         (probs0.double() >= MIN_P * probs0.double().amax(-1, keepdim=True)) if op == "min_p" else kept_sets(logits0, kk, TOP_P))
@@ -154,7 +186,17 @@ def bench_op(op: str, batch: int, vocab: int, dtype, sets, args, copy: float) ->
         try:
             tokens = per_set[0][name]()
             torch.cuda.synchronize()
-            if op == "softmax":
+            if op in ("top_k_mask", "top_p_renorm"):
+                name_ = "top_k_mask_logits" if op == "top_k_mask" else "top_p_renorm_probs"
+                x0 = logits0 if op == "top_k_mask" else probs0
+                want = ref_filter(name_, x0[:4], [TOP_K if op == "top_k_mask" else TOP_P] * min(4, batch))
+                try:
+                    torch.testing.assert_close(tokens[:4].double().cpu(), want, rtol=TOLERANCES[dtype], atol=1e-6)
+                except AssertionError as error:  # a peer's own rule (e.g. ties, rounding): timed, noted
+                    if name == "ours":
+                        raise
+                    row[f"{name}_differs"] = str(error)[:160]
+            elif op == "softmax":
                 want = torch.softmax(logits0.double(), -1)
                 torch.testing.assert_close(tokens.double(), want, rtol=TOLERANCES[dtype], atol=1e-6)
             elif op == "greedy":
@@ -167,7 +209,8 @@ def bench_op(op: str, batch: int, vocab: int, dtype, sets, args, copy: float) ->
             if name == "ours":
                 raise
             row[f"{name}_error"] = f"{type(error).__name__}: {str(error)[:120]}"
-    nbytes = batch * vocab * torch.finfo(dtype).bits // 8 * (2 if op == "softmax" else 1)
+    writes = op in ("softmax", "top_k_mask", "top_p_renorm")
+    nbytes = batch * vocab * torch.finfo(dtype).bits // 8 * (2 if writes else 1)
     row["ours_gbps"] = nbytes / (row["ours_us"] * 1e-6) / 1e9
     row["pct_copy"] = 100 * row["ours_gbps"] / copy
     return row
@@ -197,8 +240,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,64,256")
     ap.add_argument("--vocabs", default="32000,128256,151936")
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--ops", default="top_k_top_p,top_p,min_p,greedy,softmax")
+    ap.add_argument("--ops", default="top_k_top_p,top_p,min_p,greedy,softmax,top_k_mask,top_p_renorm")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--no-flashinfer-for", default="",
+                    help="ops whose FlashInfer column stays empty (e.g. top_k_top_p: its top-k module takes ~15 min to JIT-build)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     props = torch.cuda.get_device_properties(0)

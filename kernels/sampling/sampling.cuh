@@ -97,7 +97,13 @@ struct SumOp {
 struct ClusterScratch {
   float max[2];
   uint64_t sum[2];
-  unsigned max_parity, sum_parity;
+};
+
+/*! \brief Which slot of each alternating pair a reduction uses next. Held per thread (every
+ *         thread flips it alike) rather than in shared memory, so no thread rewrites a shared
+ *         value that another may still read. */
+struct Parities {
+  unsigned max = 0, sum = 0, radix = 0, sample = 0;
 };
 
 // ----------------------------------------------------------------------------- keys and weights
@@ -120,6 +126,8 @@ __device__ __forceinline__ uint32_t ProbWeight(float p, float scale) { return __
 // ----------------------------------------------------------------------------- radix selection
 
 inline constexpr int kRadixBits = 8, kBins = 1 << kRadixBits;
+// Leading radix passes whose bin updates are aggregated per warp (__match_any_sync).
+inline constexpr int kAggregatedPasses = 1;
 
 /*! \brief Per-block bin counts and masses, two sets alternating between passes (see
  *         device::cluster_all_reduce), and the bin a pass chose. */
@@ -129,7 +137,6 @@ struct RadixScratch {
   uint64_t warp_sums[kBins / kWarpThreads];
   uint64_t above, in_bin, in_bin_count;  // of the chosen bin
   uint32_t bin;
-  unsigned parity;
 };
 
 // Among bins 0..255 held by threads 0..255 (value v, count c), the bin t with
@@ -166,39 +173,54 @@ __device__ __forceinline__ void ChooseBin(uint64_t v, uint64_t c, uint64_t need,
  */
 template <bool kMass, typename T, typename WeightFn>
 __device__ uint32_t RadixSelect(const Slice<T>& s, uint32_t floor, uint64_t need, WeightFn&& weight,
-                                RadixScratch& rs) {
+                                RadixScratch& rs, unsigned& parity) {
   const unsigned lane = threadIdx.x % kWarpThreads;
   uint32_t prefix = 0, prefix_mask = 0;
   for (int shift = 32 - kRadixBits; shift >= 0; shift -= kRadixBits) {
-    const unsigned par = rs.parity;
+    const unsigned par = parity;
     for (unsigned b = threadIdx.x; b < kBins; b += blockDim.x) {
       rs.count[par][b] = 0;
       if (kMass) rs.mass[par][b] = 0;
     }
     __syncthreads();
-    // Whole warps step together (the aggregation below is warp-wide); lanes past n add nothing.
-    const int64_t warp_base = threadIdx.x - lane;
-    for (int64_t base = warp_base; base < s.n; base += blockDim.x) {
-      const int64_t i = base + lane;
-      int digit = -1;
-      float v = 0.0f;
-      if (i < s.n) {
-        v = device::to_float(s.data[i]);
-        const uint32_t key = Key(v);
-        if (key >= floor && (key & prefix_mask) == prefix) digit = (key >> shift) & (kBins - 1);
+    // The first passes see every element in a few crowded bins (the high key bits are the sign
+    // and exponent): lanes with the same digit add once. Later passes see few candidates,
+    // spread out, and add directly.
+    if ((32 - kRadixBits - shift) / kRadixBits < kAggregatedPasses) {
+      // Whole warps step together (the aggregation is warp-wide); lanes past n add nothing.
+      for (int64_t base = threadIdx.x - lane; base < s.n; base += blockDim.x) {
+        const int64_t i = base + lane;
+        int digit = -1;
+        float v = 0.0f;
+        if (i < s.n) {
+          v = device::to_float(s.data[i]);
+          const uint32_t key = Key(v);
+          if (key >= floor && (key & prefix_mask) == prefix) digit = (key >> shift) & (kBins - 1);
+        }
+        const unsigned peers = __match_any_sync(kFullMask, digit);
+        const bool leader = digit >= 0 && lane == static_cast<unsigned>(__ffs(peers) - 1);
+        if (leader) atomicAdd(&rs.count[par][digit], static_cast<uint32_t>(__popc(peers)));
+        if constexpr (kMass) {
+          const uint32_t w = digit >= 0 ? weight(v) : 0u;
+          // Up to 32 weights of up to 2^31: summed as two 16-bit halves so uint32 cannot overflow.
+          const uint32_t hi = __reduce_add_sync(peers, w >> 16);
+          const uint32_t lo = __reduce_add_sync(peers, w & 0xffffu);
+          if (leader) {
+            atomicAdd(reinterpret_cast<unsigned long long*>(&rs.mass[par][digit]),
+                      (static_cast<unsigned long long>(hi) << 16) + lo);
+          }
+        }
       }
-      // Lanes with the same digit add once: bins of the high digits are crowded.
-      const unsigned peers = __match_any_sync(kFullMask, digit);
-      const bool leader = digit >= 0 && lane == static_cast<unsigned>(__ffs(peers) - 1);
-      if (leader) atomicAdd(&rs.count[par][digit], static_cast<uint32_t>(__popc(peers)));
-      if constexpr (kMass) {
-        const uint32_t w = digit >= 0 ? weight(v) : 0u;
-        // Up to 32 weights of up to 2^31: summed as two 16-bit halves so uint32 cannot overflow.
-        const uint32_t hi = __reduce_add_sync(peers, w >> 16);
-        const uint32_t lo = __reduce_add_sync(peers, w & 0xffffu);
-        if (leader) {
+    } else {
+      for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
+        const float v = device::to_float(s.data[i]);
+        const uint32_t key = Key(v);
+        if (key < floor || (key & prefix_mask) != prefix) continue;
+        const uint32_t digit = (key >> shift) & (kBins - 1);
+        atomicAdd(&rs.count[par][digit], 1u);
+        if constexpr (kMass) {
           atomicAdd(reinterpret_cast<unsigned long long*>(&rs.mass[par][digit]),
-                    (static_cast<unsigned long long>(hi) << 16) + lo);
+                    static_cast<unsigned long long>(weight(v)));
         }
       }
     }
@@ -210,7 +232,7 @@ __device__ uint32_t RadixSelect(const Slice<T>& s, uint32_t floor, uint64_t need
         if (kMass) m += *device::cluster_peer(&rs.mass[par][threadIdx.x], r);
       }
     }
-    rs.parity = par ^ 1u;  // every thread writes the same value
+    parity = par ^ 1u;
     ChooseBin(kMass ? m : c, c, need, rs);
     need -= rs.above;
     prefix |= rs.bin << shift;
@@ -227,7 +249,6 @@ __device__ uint32_t RadixSelect(const Slice<T>& s, uint32_t floor, uint64_t need
 struct SampleScratch {
   uint64_t warp_sums[kWarpThreads];
   uint64_t block_sums[2];
-  unsigned parity;
 };
 
 /*!
@@ -238,7 +259,7 @@ struct SampleScratch {
  */
 template <typename T, typename WeightFn>
 __device__ __forceinline__ void SampleIndex(const Slice<T>& s, float u, WeightFn&& w, int64_t* out,
-                                            SampleScratch& ss) {
+                                            SampleScratch& ss, unsigned& parity) {
   const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
   const unsigned num_warps = blockDim.x / kWarpThreads;
   const int64_t part = (s.n + num_warps - 1) / num_warps;
@@ -254,7 +275,7 @@ __device__ __forceinline__ void SampleIndex(const Slice<T>& s, float u, WeightFn
     warp_before += j < warp ? x : 0;
     block_total += x;
   }
-  const unsigned par = ss.parity;
+  const unsigned par = parity;
   if (threadIdx.x == 0) ss.block_sums[par] = block_total;
   device::cluster_sync();
   uint64_t total = 0, block_before = 0;
@@ -263,7 +284,7 @@ __device__ __forceinline__ void SampleIndex(const Slice<T>& s, float u, WeightFn
     block_before += r < device::cluster_rank() ? x : 0;
     total += x;
   }
-  ss.parity = par ^ 1u;
+  parity = par ^ 1u;
   if (total == 0) {
     if (device::cluster_rank() == 0 && threadIdx.x == 0) *out = 0;
     return;
@@ -367,12 +388,12 @@ __global__ void __launch_bounds__(1024, 1)
 }
 
 // The row max over the cluster; every thread gets it.
-__device__ __forceinline__ float ClusterMax(float thread_max, ClusterScratch& cs) {
-  return device::cluster_all_reduce(device::block_reduce_max(thread_max), MaxOp{}, cs.max, cs.max_parity);
+__device__ __forceinline__ float ClusterMax(float thread_max, ClusterScratch& cs, Parities& par) {
+  return device::cluster_all_reduce(device::block_reduce_max(thread_max), MaxOp{}, cs.max, par.max);
 }
 
-__device__ __forceinline__ uint64_t ClusterSum(uint64_t thread_sum, ClusterScratch& cs) {
-  return device::cluster_all_reduce(device::block_reduce_sum(thread_sum), SumOp{}, cs.sum, cs.sum_parity);
+__device__ __forceinline__ uint64_t ClusterSum(uint64_t thread_sum, ClusterScratch& cs, Parities& par) {
+  return device::cluster_all_reduce(device::block_reduce_sum(thread_sum), SumOp{}, cs.sum, par.sum);
 }
 
 template <typename T>
@@ -385,13 +406,13 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
   __shared__ ClusterScratch cs;
   __shared__ RadixScratch rs;
   __shared__ SampleScratch ss;
-  if (threadIdx.x == 0) cs.max_parity = cs.sum_parity = rs.parity = ss.parity = 0;
+  Parities par;
   device::pdl_wait_primary();
   const int64_t b = blockIdx.x / device::cluster_size();
   float thread_max;
   const Slice<T> s = LoadSlice(logits + b * stride, vocab, slice_len,
                                reinterpret_cast<T*>(slice_smem), in_smem, &thread_max);
-  const float row_max = ClusterMax(thread_max, cs);
+  const float row_max = ClusterMax(thread_max, cs, par);
   // Invalid per-row values are clamped here (the host cannot check device data without a sync).
   const int64_t k = top_k[b];
   const float p = fminf(fmaxf(top_p[b], 0.0f), 1.0f);
@@ -399,18 +420,18 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
 
   uint32_t threshold = 0;  // tokens with Key(logit) >= threshold are kept
   auto weight = [row_max](float v) { return ExpWeight(v, row_max); };
-  if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, static_cast<uint64_t>(k), weight, rs);
+  if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, static_cast<uint64_t>(k), weight, rs, par.radix);
   if (p < 1.0f) {
     uint64_t kept = 0;  // mass of the top-k set
     for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
       const float v = device::to_float(s.data[i]);
       kept += Key(v) >= threshold ? weight(v) : 0u;
     }
-    kept = ClusterSum(kept, cs);
+    kept = ClusterSum(kept, cs, par);
     if (kept > 0) {  // the smallest mass >= p * kept (at least one unit: the top token stays)
       const double need = ceil(static_cast<double>(p) * static_cast<double>(kept));
       const uint64_t need_units = need < 1.0 ? 1 : static_cast<uint64_t>(need);
-      threshold = max(threshold, RadixSelect<true>(s, threshold, need_units, weight, rs));
+      threshold = max(threshold, RadixSelect<true>(s, threshold, need_units, weight, rs, par.radix));
     }
   }
   SampleIndex(
@@ -419,7 +440,7 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
         const float v = device::to_float(x);
         return Key(v) >= threshold ? weight(v) : 0u;
       },
-      out + b, ss);
+      out + b, ss, par.sample);
   device::cluster_sync();  // peers may still read this block's shared memory
   device::pdl_launch_dependents();
 }
@@ -432,13 +453,13 @@ __global__ void __launch_bounds__(1024, 1)
   extern __shared__ __align__(16) unsigned char slice_smem[];
   __shared__ ClusterScratch cs;
   __shared__ SampleScratch ss;
-  if (threadIdx.x == 0) cs.max_parity = cs.sum_parity = ss.parity = 0;
+  Parities par;
   device::pdl_wait_primary();
   const int64_t b = blockIdx.x / device::cluster_size();
   float thread_max;
   const Slice<T> s = LoadSlice(probs + b * stride, vocab, slice_len,
                                reinterpret_cast<T*>(slice_smem), in_smem, &thread_max);
-  const float max_p = ClusterMax(thread_max, cs);
+  const float max_p = ClusterMax(thread_max, cs, par);
   const float threshold = fminf(fmaxf(min_p[b], 0.0f), 1.0f) * max_p;
   const float u = fminf(fmaxf(uniforms[b], 0.0f), 0x1.fffffep-1f);
   const float scale = 0x1p31f / max_p;  // weights relative to the max: the top token is 2^31
@@ -448,7 +469,7 @@ __global__ void __launch_bounds__(1024, 1)
         const float v = device::to_float(x);
         return v >= threshold ? ProbWeight(v, scale) : 0u;
       },
-      out + b, ss);
+      out + b, ss, par.sample);
   device::cluster_sync();  // peers may still read this block's shared memory
   device::pdl_launch_dependents();
 }
@@ -493,14 +514,14 @@ __global__ void __launch_bounds__(1024, 1)
   extern __shared__ __align__(16) unsigned char slice_smem[];
   __shared__ ClusterScratch cs;
   __shared__ RadixScratch rs;
-  if (threadIdx.x == 0) cs.max_parity = cs.sum_parity = rs.parity = 0;
+  Parities par;
   device::pdl_wait_primary();
   const int64_t b = blockIdx.x / device::cluster_size();
   float thread_max;
   const Slice<T> s = LoadSlice(in + b * stride, vocab, slice_len, reinterpret_cast<T*>(slice_smem),
                                in_smem, &thread_max);
   // The mask needs no max; the renorms weigh probabilities against it (the top token: 2^31).
-  const float row_max = kFilter == Filter::kTopKMaskLogits ? 1.0f : ClusterMax(thread_max, cs);
+  const float row_max = kFilter == Filter::kTopKMaskLogits ? 1.0f : ClusterMax(thread_max, cs, par);
   const float scale = 0x1p31f / row_max;
   auto weight = [scale](float p) { return ProbWeight(p, scale); };
   uint32_t threshold = 0;  // tokens with Key(x) >= threshold are kept
@@ -508,14 +529,14 @@ __global__ void __launch_bounds__(1024, 1)
     const float p = fminf(fmaxf(top_p[b], 0.0f), 1.0f);
     uint64_t total = 0;
     for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) total += weight(device::to_float(s.data[i]));
-    total = ClusterSum(total, cs);
+    total = ClusterSum(total, cs, par);
     if (p < 1.0f && total > 0) {
       const double need = ceil(static_cast<double>(p) * static_cast<double>(total));
-      threshold = RadixSelect<true>(s, 0u, need < 1.0 ? 1 : static_cast<uint64_t>(need), weight, rs);
+      threshold = RadixSelect<true>(s, 0u, need < 1.0 ? 1 : static_cast<uint64_t>(need), weight, rs, par.radix);
     }
   } else {
     const int64_t k = top_k[b];
-    if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, static_cast<uint64_t>(k), weight, rs);
+    if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, static_cast<uint64_t>(k), weight, rs, par.radix);
   }
   T* dst = out + b * vocab + s.begin;
   if constexpr (kFilter == Filter::kTopKMaskLogits) {
@@ -527,7 +548,7 @@ __global__ void __launch_bounds__(1024, 1)
       const float p = device::to_float(s.data[i]);
       kept += Key(p) >= threshold ? weight(p) : 0u;
     }
-    kept = ClusterSum(kept, cs);
+    kept = ClusterSum(kept, cs, par);
     // p / (sum of kept p) = p * scale / kept; a row with nothing kept is written as zeros.
     const float factor = kept > 0 ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.0f;
     WriteSlice(dst, s, [&](T x) {
