@@ -227,10 +227,8 @@ __device__ uint32_t RadixSelect(const Slice<T>& s, uint32_t floor, uint64_t need
     device::cluster_sync();
     uint64_t c = 0, m = 0;
     if (threadIdx.x < kBins) {
-      for (unsigned r = 0; r < device::cluster_size(); ++r) {
-        c += *device::cluster_peer(&rs.count[par][threadIdx.x], r);
-        if (kMass) m += *device::cluster_peer(&rs.mass[par][threadIdx.x], r);
-      }
+      device::for_each_peer(&rs.count[par][threadIdx.x], [&](unsigned, uint32_t x) { c += x; });
+      if constexpr (kMass) device::for_each_peer(&rs.mass[par][threadIdx.x], [&](unsigned, uint64_t x) { m += x; });
     }
     parity = par ^ 1u;
     ChooseBin(kMass ? m : c, c, need, rs);
@@ -279,11 +277,11 @@ __device__ __forceinline__ void SampleIndex(const Slice<T>& s, float u, WeightFn
   if (threadIdx.x == 0) ss.block_sums[par] = block_total;
   device::cluster_sync();
   uint64_t total = 0, block_before = 0;
-  for (unsigned r = 0; r < device::cluster_size(); ++r) {
-    const uint64_t x = *device::cluster_peer(&ss.block_sums[par], r);
-    block_before += r < device::cluster_rank() ? x : 0;
+  const unsigned rank = device::cluster_rank();
+  device::for_each_peer(&ss.block_sums[par], [&](unsigned r, uint64_t x) {
+    block_before += r < rank ? x : 0;
     total += x;
-  }
+  });
   parity = par ^ 1u;
   if (total == 0) {
     if (device::cluster_rank() == 0 && threadIdx.x == 0) *out = 0;
@@ -377,10 +375,9 @@ __global__ void __launch_bounds__(1024, 1)
   device::cluster_sync();  // block_best of every block is written
   if (device::cluster_rank() == 0 && threadIdx.x == 0) {
     best = block_best;
-    for (unsigned r = 1; r < device::cluster_size(); ++r) {
-      const ArgMax p = *device::cluster_peer(&block_best, r);
+    device::for_each_peer(&block_best, [&](unsigned, const ArgMax& p) {
       if (Better(p.v, p.i, best.v, best.i)) best = p;
-    }
+    });
     out[b] = best.i;
   }
   device::cluster_sync();  // rank 0 has read every block_best

@@ -61,6 +61,34 @@ __device__ __forceinline__ const T* cluster_peer(const T* ptr, unsigned rank) {
 #endif
 }
 
+/*! \brief The largest cluster (non-portable; 8 is the portable limit). */
+inline constexpr unsigned kMaxClusterBlocks = 16;
+
+/*!
+ * \brief fn(rank, value) for each block of the cluster in rank order, value = that block's copy of
+ *        shared variable *ptr. Loads are issued 8 at a time before fn runs on them: a peer load
+ *        takes hundreds of cycles, so a loop of dependent loads would cost the cluster size
+ *        times that (8, not 16, at a time keeps the registers of 64-bit values in check).
+ */
+template <typename T, typename Fn>
+__device__ __forceinline__ void for_each_peer(const T* ptr, Fn&& fn) {
+  constexpr unsigned kInFlight = 8;
+  const unsigned n = cluster_size();
+#pragma unroll
+  for (unsigned base = 0; base < kMaxClusterBlocks; base += kInFlight) {
+    if (base >= n) break;
+    T values[kInFlight];
+#pragma unroll
+    for (unsigned j = 0; j < kInFlight; ++j) {
+      if (base + j < n) values[j] = *cluster_peer(ptr, base + j);
+    }
+#pragma unroll
+    for (unsigned j = 0; j < kInFlight; ++j) {
+      if (base + j < n) fn(base + j, values[j]);
+    }
+  }
+}
+
 }  // namespace mllm_kernel::device
 
 #endif  // MLLM_KERNEL_CUDA_CLUSTER_CUH_
