@@ -105,28 +105,28 @@ def _(probs, uniforms, min_p):
     return _empty_tokens(probs)
 
 
+def _filtered(op: str, scores: str, x: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A filter's body: a new [batch, vocab] tensor from x and its per-row parameter."""
+    _check_2d(op, scores, x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    getattr(_modules[x.device.type], op)(out, x, param)
+    return out
+
+
+# Separate functions: the custom op names arguments in its messages by these parameter names.
 @custom_op("top_k_mask_logits")
 def _top_k_mask_op(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    _check_2d("top_k_mask_logits", "logits", logits)
-    out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-    _modules[logits.device.type].top_k_mask_logits(out, logits, top_k)
-    return out
+    return _filtered("top_k_mask_logits", "logits", logits, top_k)
 
 
 @custom_op("top_k_renorm_probs")
 def _top_k_renorm_op(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    _check_2d("top_k_renorm_probs", "probs", probs)
-    out = torch.empty(probs.shape, dtype=probs.dtype, device=probs.device)
-    _modules[probs.device.type].top_k_renorm_probs(out, probs, top_k)
-    return out
+    return _filtered("top_k_renorm_probs", "probs", probs, top_k)
 
 
 @custom_op("top_p_renorm_probs")
 def _top_p_renorm_op(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    _check_2d("top_p_renorm_probs", "probs", probs)
-    out = torch.empty(probs.shape, dtype=probs.dtype, device=probs.device)
-    _modules[probs.device.type].top_p_renorm_probs(out, probs, top_p)
-    return out
+    return _filtered("top_p_renorm_probs", "probs", probs, top_p)
 
 
 @_top_k_mask_op.register_fake

@@ -60,8 +60,9 @@ inline int64_t SampleIndex(const std::vector<double>& w, float u) {
   return last_kept;  // u * total rounded past the sum
 }
 
-// The k-th largest of x (k in [1, n]), by partial selection of a copy.
-inline float KthLargest(const std::vector<float>& x, int64_t k, std::vector<float>& scratch) {
+// The k-th largest of x by partial selection of a copy; -inf (keep all) unless 0 < k < n.
+inline float TopKThreshold(const std::vector<float>& x, int64_t k, std::vector<float>& scratch) {
+  if (k <= 0 || k >= static_cast<int64_t>(x.size())) return -std::numeric_limits<float>::infinity();
   scratch.assign(x.begin(), x.end());
   std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
   return scratch[k - 1];
@@ -151,14 +152,7 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
       const T* row = base + b * rows.stride;
       for (int64_t i = 0; i < n; ++i) x[i] = ToFloat(row[i]);
       const float row_max = *std::max_element(x.begin(), x.end());
-      float threshold = -std::numeric_limits<float>::infinity();
-      const int64_t k = ks[b];
-      if (k > 0 && k < n) {  // k-th largest logit
-        scratch.assign(x.begin(), x.end());
-        std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(),
-                         std::greater<float>());
-        threshold = scratch[k - 1];
-      }
+      float threshold = TopKThreshold(x, ks[b], scratch);  // the k-th largest logit
       if (ps[b] < 1.0f) {  // walk the kept logits in descending order until top_p of the mass
         scratch.clear();
         double kept_mass = 0.0;
@@ -231,8 +225,7 @@ inline void top_k_mask_logits(tvm::ffi::TensorView out, tvm::ffi::TensorView log
   const int64_t* ks = host::data_ptr<const int64_t>(top_k);
   std::vector<float> scratch;
   ForEachFilteredRow(rows, out, logits, [&](int64_t b, const std::vector<float>& x, auto&& write) {
-    const int64_t k = ks[b];
-    const float kth = k > 0 && k < rows.vocab ? KthLargest(x, k, scratch) : -std::numeric_limits<float>::infinity();
+    const float kth = TopKThreshold(x, ks[b], scratch);
     for (int64_t i = 0; i < rows.vocab; ++i) write(i, x[i] >= kth ? x[i] : -std::numeric_limits<float>::infinity());
   });
 }
@@ -245,8 +238,7 @@ inline void top_k_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView pr
   const int64_t* ks = host::data_ptr<const int64_t>(top_k);
   std::vector<float> scratch;
   ForEachFilteredRow(rows, out, probs, [&](int64_t b, const std::vector<float>& x, auto&& write) {
-    const int64_t k = ks[b];
-    const float kth = k > 0 && k < rows.vocab ? KthLargest(x, k, scratch) : -std::numeric_limits<float>::infinity();
+    const float kth = TopKThreshold(x, ks[b], scratch);
     double kept = 0.0;
     for (const float p : x) kept += p >= kth ? static_cast<double>(p) : 0.0;
     const double inv = kept > 0.0 ? 1.0 / kept : 0.0;
