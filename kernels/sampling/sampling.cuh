@@ -126,7 +126,10 @@ __device__ __forceinline__ uint32_t ProbWeight(float p, float scale) { return __
 // ----------------------------------------------------------------------------- radix selection
 
 inline constexpr int kRadixBits = 8, kBins = 1 << kRadixBits;
-// Leading radix passes whose bin updates are aggregated per warp (__match_any_sync).
+// Leading radix passes of a mass search whose bin updates are aggregated per warp
+// (__match_any_sync). Counts add directly in every pass. Measured on H100 (TUNING.md, 1 and
+// 64 x 128256 fp32): aggregating the first pass halves top-p (132 -> 54 µs, 677 -> 280 µs);
+// aggregating counts costs top-k 10-25% (44 -> 48 µs, 154 -> 190 µs); more passes cost both.
 inline constexpr int kAggregatedPasses = 1;
 
 /*! \brief Per-block bin counts and masses, two sets alternating between passes (see
@@ -183,10 +186,10 @@ __device__ uint32_t RadixSelect(const Slice<T>& s, uint32_t floor, uint64_t need
       if (kMass) rs.mass[par][b] = 0;
     }
     __syncthreads();
-    // The first passes see every element in a few crowded bins (the high key bits are the sign
-    // and exponent): lanes with the same digit add once. Later passes see few candidates,
-    // spread out, and add directly.
-    if ((32 - kRadixBits - shift) / kRadixBits < kAggregatedPasses) {
+    // The first pass sees every element in a few crowded bins (the high key bits are the sign
+    // and exponent): for masses, lanes with the same digit add once. Later passes see few
+    // candidates, spread out, and add directly.
+    if (kMass && (32 - kRadixBits - shift) / kRadixBits < kAggregatedPasses) {
       // Whole warps step together (the aggregation is warp-wide); lanes past n add nothing.
       for (int64_t base = threadIdx.x - lane; base < s.n; base += blockDim.x) {
         const int64_t i = base + lane;
