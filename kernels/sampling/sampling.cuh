@@ -200,6 +200,8 @@ __device__ uint32_t RadixSelect(const Slice<T>& s, uint32_t floor, uint64_t need
           const uint32_t key = Key(v);
           if (key >= floor && (key & prefix_mask) == prefix) digit = (key >> shift) & (kBins - 1);
         }
+        // Most warps hold no candidate once a top-k threshold is set: skip the match.
+        if (__ballot_sync(kFullMask, digit >= 0) == 0) continue;
         const unsigned peers = __match_any_sync(kFullMask, digit);
         const bool leader = digit >= 0 && lane == static_cast<unsigned>(__ffs(peers) - 1);
         if (leader) atomicAdd(&rs.count[par][digit], static_cast<uint32_t>(__popc(peers)));
