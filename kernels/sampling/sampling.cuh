@@ -52,6 +52,7 @@ template <typename T>
 struct Slice {
   const T* data;  // this block's shared-memory copy, or the row itself in global memory
   int64_t begin, n;
+  const uint32_t* index = nullptr;  // compacted slices: the position in the slice of data[i]
 };
 
 // This block's slice of `row`; copied into `copy` (shared memory) when in_smem. *max gets the
@@ -308,7 +309,7 @@ __device__ __forceinline__ void SampleIndex(const Slice<T>& s, float u, WeightFn
     }
     const unsigned hit = __ballot_sync(kFullMask, run + incl > target);
     if (hit != 0) {
-      if (lane == static_cast<unsigned>(__ffs(hit) - 1)) *out = s.begin + i;
+      if (lane == static_cast<unsigned>(__ffs(hit) - 1)) *out = s.begin + (s.index ? s.index[i] : i);
       return;
     }
     run += __shfl_sync(kFullMask, incl, kWarpThreads - 1);
@@ -398,31 +399,61 @@ __device__ __forceinline__ uint64_t ClusterSum(uint64_t thread_sum, ClusterScrat
   return device::cluster_all_reduce(device::block_reduce_sum(thread_sum), SumOp{}, cs.sum, par.sum);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at most 64 registers
-    TopKTopPKernel(int64_t* __restrict__ out, const T* __restrict__ logits, int64_t vocab,
-                   int64_t stride, int64_t slice_len, bool in_smem,
-                   const float* __restrict__ uniforms, const int64_t* __restrict__ top_k,
-                   const float* __restrict__ top_p) {
-  extern __shared__ __align__(16) unsigned char slice_smem[];
-  __shared__ ClusterScratch cs;
-  __shared__ RadixScratch rs;
-  __shared__ SampleScratch ss;
-  Parities par;
-  device::pdl_wait_primary();
-  const int64_t b = blockIdx.x / device::cluster_size();
-  float thread_max;
-  const Slice<T> s = LoadSlice(logits + b * stride, vocab, slice_len,
-                               reinterpret_cast<T*>(slice_smem), in_smem, &thread_max);
-  const float row_max = ClusterMax(thread_max, cs, par);
-  // Invalid per-row values are clamped here (the host cannot check device data without a sync).
-  const int64_t k = top_k[b];
-  const float p = fminf(fmaxf(top_p[b], 0.0f), 1.0f);
-  const float u = fminf(fmaxf(uniforms[b], 0.0f), 0x1.fffffep-1f);
+// ----------------------------------------------------------------------------- top-k survivors
 
-  uint32_t threshold = 0;  // tokens with Key(logit) >= threshold are kept
-  auto weight = [row_max](float v) { return ExpWeight(v, row_max); };
-  if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, static_cast<uint64_t>(k), weight, rs, par.radix);
+// After a top-k selection a block keeps a few of its elements: top-p and sampling then walk
+// those (values as float, with their positions) instead of the whole slice.
+inline constexpr int kMaxSurvivors = 1024;
+
+struct SurvivorScratch {
+  float values[kMaxSurvivors];
+  uint32_t index[kMaxSurvivors];
+  uint32_t warp_counts[kWarpThreads];
+};
+
+/*! \brief The elements of s with Key >= threshold, in index order, into sv (*out views them);
+ *         false (block-uniform) when there are more than kMaxSurvivors. */
+template <typename T>
+__device__ bool CompactSurvivors(const Slice<T>& s, uint32_t threshold, SurvivorScratch& sv, Slice<float>* out) {
+  const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
+  // Contiguous ranges keep index order; an odd length keeps the 32 lanes' reads in distinct banks.
+  const int64_t per = ((s.n + blockDim.x - 1) / blockDim.x) | 1;
+  const int64_t begin = min(s.n, per * threadIdx.x), end = min(s.n, begin + per);
+  uint32_t mine = 0;
+  for (int64_t i = begin; i < end; ++i) mine += Key(device::to_float(s.data[i])) >= threshold;
+  uint32_t incl = mine;  // inclusive scan over the warp
+#pragma unroll
+  for (int offset = 1; offset < kWarpThreads; offset <<= 1) {
+    const uint32_t x = __shfl_up_sync(kFullMask, incl, offset);
+    if (lane >= static_cast<unsigned>(offset)) incl += x;
+  }
+  if (lane == kWarpThreads - 1) sv.warp_counts[warp] = incl;
+  __syncthreads();
+  uint32_t pos = incl - mine, total = 0;
+  for (unsigned w = 0; w < blockDim.x / kWarpThreads; ++w) {
+    const uint32_t c = sv.warp_counts[w];
+    pos += w < warp ? c : 0;
+    total += c;
+  }
+  if (total > kMaxSurvivors) return false;
+  for (int64_t i = begin; i < end; ++i) {
+    const float v = device::to_float(s.data[i]);
+    if (Key(v) >= threshold) {
+      sv.values[pos] = v;
+      sv.index[pos++] = static_cast<uint32_t>(i);
+    }
+  }
+  __syncthreads();
+  *out = {sv.values, s.begin, static_cast<int64_t>(total), sv.index};
+  return true;
+}
+
+// Top-p over the elements with Key >= threshold (p < 1), then the sample; every block of the
+// cluster runs the same reductions, whichever slice (whole or survivors) it walks.
+template <typename T, typename WeightFn>
+__device__ __forceinline__ void TopPThenSample(const Slice<T>& s, uint32_t threshold, float p, float u,
+                                               WeightFn&& weight, ClusterScratch& cs, RadixScratch& rs,
+                                               SampleScratch& ss, Parities& par, int64_t* out) {
   if (p < 1.0f) {
     uint64_t kept = 0;  // mass of the top-k set
     for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
@@ -442,7 +473,41 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
         const float v = device::to_float(x);
         return Key(v) >= threshold ? weight(v) : 0u;
       },
-      out + b, ss, par.sample);
+      out, ss, par.sample);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at most 64 registers
+    TopKTopPKernel(int64_t* __restrict__ out, const T* __restrict__ logits, int64_t vocab,
+                   int64_t stride, int64_t slice_len, bool in_smem,
+                   const float* __restrict__ uniforms, const int64_t* __restrict__ top_k,
+                   const float* __restrict__ top_p) {
+  extern __shared__ __align__(16) unsigned char slice_smem[];
+  __shared__ ClusterScratch cs;
+  __shared__ RadixScratch rs;
+  __shared__ SampleScratch ss;
+  __shared__ SurvivorScratch sv;
+  Parities par;
+  device::pdl_wait_primary();
+  const int64_t b = blockIdx.x / device::cluster_size();
+  float thread_max;
+  const Slice<T> s = LoadSlice(logits + b * stride, vocab, slice_len,
+                               reinterpret_cast<T*>(slice_smem), in_smem, &thread_max);
+  const float row_max = ClusterMax(thread_max, cs, par);
+  // Invalid per-row values are clamped here (the host cannot check device data without a sync).
+  const int64_t k = top_k[b];
+  const float p = fminf(fmaxf(top_p[b], 0.0f), 1.0f);
+  const float u = fminf(fmaxf(uniforms[b], 0.0f), 0x1.fffffep-1f);
+
+  uint32_t threshold = 0;  // tokens with Key(logit) >= threshold are kept
+  auto weight = [row_max](float v) { return ExpWeight(v, row_max); };
+  if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, static_cast<uint64_t>(k), weight, rs, par.radix);
+  Slice<float> survivors;
+  if (threshold != 0 && CompactSurvivors(s, threshold, sv, &survivors)) {
+    TopPThenSample(survivors, threshold, p, u, weight, cs, rs, ss, par, out + b);
+  } else {
+    TopPThenSample(s, threshold, p, u, weight, cs, rs, ss, par, out + b);
+  }
   device::cluster_sync();  // peers may still read this block's shared memory
   device::pdl_launch_dependents();
 }

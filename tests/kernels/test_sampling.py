@@ -503,12 +503,13 @@ def test_sampling_cuda_launch_plans(batch, vocab, dtype):
     # Rows split over 16 blocks (batch 1), rows too long for shared memory (read from global
     # memory each pass), a few blocks per row (40) and one block per row (300, on sm_90 too).
     x = make_logits(batch, vocab, dtype, seed=batch + vocab)
-    rows = list(range(min(batch, 6)))  # the float64 reference is slow: check a few rows
+    # k = 3000: more top-k survivors than a block compacts (1024) where a block holds the row.
+    rows = list(range(min(batch, 7)))  # the float64 reference is slow: check a few rows
     u = safe_uniforms(batch, seed=vocab + 7)
-    k = torch.tensor([[0, 1, 5, 50, 1000, -3][b % 6] for b in range(batch)], dtype=torch.int64)
-    p = torch.tensor([[1.0, 0.5, 0.9, 0.95, 0.3, 0.8][b % 6] for b in range(batch)], dtype=torch.float32)
+    k = torch.tensor([[0, 1, 5, 50, 1000, -3, 3000][b % 7] for b in range(batch)], dtype=torch.int64)
+    p = torch.tensor([[1.0, 0.5, 0.9, 0.95, 0.3, 0.8, 0.9][b % 7] for b in range(batch)], dtype=torch.float32)
     for b in rows:
-        p[b] = top_p_between_tokens(x[b], int(k[b]), [0, 2, 3, 10, 30, 1][b % 6]) if b % 6 else 1.0
+        p[b] = top_p_between_tokens(x[b], int(k[b]), [0, 2, 3, 10, 30, 1, 40][b % 7]) if b % 7 else 1.0
     ref, margins = ref_top_k_top_p(x[rows], u[rows], k[rows], p[rows])
     for i, b in enumerate(rows):  # uniforms off CDF boundaries, so every checked row counts
         for _ in range(10):
