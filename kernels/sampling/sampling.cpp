@@ -1,8 +1,10 @@
 /*!
  * \file kernels/sampling/sampling.cpp
- * \brief CPU token sampling: greedy (argmax), top-k/top-p and min-p by inverse CDF.
+ * \brief CPU token sampling: greedy (argmax), top-k/top-p and min-p by inverse CDF, and the
+ *        top-k / top-p filters.
  *
- * Scalar C++ (the work per row is dominated by selection, not arithmetic); logits/probs in
+ * greedy is vectorized with Highway (sampling-inl.h, dynamic dispatch); the rest is scalar C++
+ * (the work per row is dominated by selection, not arithmetic); logits/probs in
  * float32, float16 or bfloat16, read as float32; sums in float64. The random numbers come
  * from the caller (one float32 uniform in [0, 1) per row), so CPU and CUDA pick the same token
  * for the same uniforms up to rounding at CDF boundaries.
@@ -26,6 +28,13 @@
 
 #include "sampling.hpp"
 
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "sampling-inl.h"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "sampling-inl.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +43,7 @@
 #include <type_traits>
 #include <vector>
 
+#if HWY_ONCE
 namespace mllm_kernel::cpu {
 
 namespace sampling_detail {
@@ -97,27 +107,15 @@ inline void CheckUniform(const char* op, float u, int64_t row) {
 
 }  // namespace sampling_detail
 
-/*! \brief out[b] = argmax(logits[b]) (first index on ties; a NaN wins, like torch.argmax). */
+/*! \brief out[b] = argmax(logits[b]) (first index on ties; a NaN wins, like torch.argmax);
+ *  Highway, dynamic dispatch (sampling-inl.h). */
 inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits) {
-  using namespace sampling_detail;  // NOLINT(*)
   using host::data_ptr;
   const auto rows = mllm_kernel::sampling::VerifyGreedySample<kDLCPU>(out, logits);
-  int64_t* dst = data_ptr<int64_t>(out);
   host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
-    const T* base = data_ptr<const T>(logits);
-    for (int64_t b = 0; b < rows.batch; ++b) {
-      const T* row = base + b * rows.stride;
-      int64_t best = 0;
-      float best_v = ToFloat(row[0]);
-      for (int64_t i = 1; i < rows.vocab && !std::isnan(best_v); ++i) {
-        const float v = ToFloat(row[i]);
-        if (v > best_v || std::isnan(v)) {
-          best = i;
-          best_v = v;
-        }
-      }
-      dst[b] = best;
-    }
+    HWY_EXPORT_T(Table, sampling_detail::ArgMaxRows<T>);
+    HWY_DYNAMIC_DISPATCH_T(Table)(data_ptr<int64_t>(out), data_ptr<const T>(logits), rows.batch, rows.vocab,
+                                  rows.stride);
   });
 }
 
@@ -280,3 +278,4 @@ inline void top_p_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView pr
 }
 
 }  // namespace mllm_kernel::cpu
+#endif  // HWY_ONCE
