@@ -51,7 +51,7 @@ from mllm_kernel.kernels.sampling import (  # noqa: E402
     top_k_top_p_sample_from_uniforms,
     top_p_renorm_probs,
 )
-from mllm_kernel.kernels.sampling.cases import ref_filter  # noqa: E402
+from mllm_kernel.kernels.sampling.cases import eager_top_k_mask, eager_top_p_renorm, ref_filter  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_timing import copy_gbps, time_graph  # noqa: E402
@@ -88,19 +88,6 @@ def eager_min_p(probs, u, min_p: float):
     w = p.masked_fill(p < min_p * p.amax(-1, keepdim=True), 0.0)
     cum = w.cumsum(-1)
     return (cum <= u[:, None] * cum[:, -1:]).sum(-1).clamp_(max=probs.shape[-1] - 1)
-
-
-def eager_top_k_mask(logits, k: int):
-    kth = logits.topk(k, -1).values[:, -1:]
-    return logits.masked_fill(logits < kth, -math.inf)
-
-
-def eager_top_p_renorm(probs, p: float):
-    vals, idx = probs.sort(-1, descending=True)
-    before = vals.cumsum(-1) - vals
-    vals = vals.masked_fill(before >= p * vals.sum(-1, keepdim=True), 0.0)
-    vals = vals / vals.sum(-1, keepdim=True)
-    return torch.zeros_like(probs).scatter_(-1, idx, vals)
 
 
 def kept_sets(logits, k: int, p: float):

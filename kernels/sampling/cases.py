@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from mllm_kernel.kernels.checks import FLOATS, Checks, dtype_name
 from mllm_kernel.kernels.sampling import (
     greedy_sample,
     min_p_sample_from_uniforms,
+    top_k_mask_logits,
+    top_k_renorm_probs,
     top_k_top_p_sample_from_uniforms,
+    top_p_renorm_probs,
 )
 
 
@@ -92,6 +97,18 @@ def check(c: Checks) -> None:
 
         c.run(f"sampling {n}", sampling)
 
+        def filters():
+            logits = c.randn(6, 2000, dtype=dtype, scale=3.0)
+            c.equal(f"top_k_mask_logits {n}", top_k_mask_logits(logits, 50),
+                    ref_filter("top_k_mask_logits", logits, [50] * 6).to(dtype))
+            probs = torch.softmax(logits.double(), -1).to(dtype)
+            c.close(f"top_k_renorm_probs {n}", [top_k_renorm_probs(probs, 50)],
+                    [ref_filter("top_k_renorm_probs", probs, [50] * 6)])
+            c.close(f"top_p_renorm_probs {n}", [top_p_renorm_probs(probs, 0.9)],
+                    [ref_filter("top_p_renorm_probs", probs, [0.9] * 6)])
+
+        c.run(f"filters {n}", filters)
+
 
 # ----------------------------------------------------------------------------- benchmarks
 
@@ -125,6 +142,20 @@ def _eager_min_p(probs, uniforms, min_p: float):
     return pos.clamp_max(cdf.shape[-1] - 1).squeeze(-1)
 
 
+def eager_top_k_mask(logits, k: int):
+    """torch: the k-th largest by topk, then masked_fill."""
+    kth = logits.topk(k, -1).values[:, -1:]
+    return logits.masked_fill(logits < kth, -math.inf)
+
+
+def eager_top_p_renorm(probs, p: float):
+    """torch: sort, mask past the top-p prefix, renormalize, scatter back."""
+    vals, idx = probs.sort(-1, descending=True)
+    before = vals.cumsum(-1) - vals
+    vals = vals.masked_fill(before >= p * vals.sum(-1, keepdim=True), 0.0)
+    return torch.zeros_like(probs).scatter_(-1, idx, vals / vals.sum(-1, keepdim=True))
+
+
 def benchmark_cases(device: str) -> list[dict]:
     cases = []
     for batch, vocab in _SHAPES[device]:
@@ -151,5 +182,18 @@ def benchmark_cases(device: str) -> list[dict]:
                 "op": "min_p_sample", "shape": shape, "dtype": name, "bytes": nbytes + batch * 4,
                 "ours": lambda p=probs, u=u: min_p_sample_from_uniforms(p, u, MIN_P),
                 "eager": lambda p=probs, u=u: _eager_min_p(p, u, MIN_P),
+            })
+            out_bytes = batch * vocab * logits.element_size()
+            cases.append({
+                "op": "top_k_mask_logits", "shape": shape, "dtype": name, "bytes": 2 * out_bytes,
+                "ours": lambda x=logits: top_k_mask_logits(x, TOP_K),
+                "eager": lambda x=logits: eager_top_k_mask(x, TOP_K),
+            })
+            cases.append({
+                "op": "top_p_renorm_probs", "shape": shape, "dtype": name, "bytes": 2 * out_bytes,
+                "ours": lambda p=probs: top_p_renorm_probs(p, TOP_P),
+                "eager": lambda p=probs: eager_top_p_renorm(p, TOP_P),
+                # Ties at the threshold: ours keeps them all, the sort keeps an arbitrary prefix.
+                "check": False,
             })
     return cases
