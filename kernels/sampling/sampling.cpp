@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <type_traits>
@@ -70,12 +71,72 @@ inline int64_t SampleIndex(const std::vector<double>& w, float u) {
   return last_kept;  // u * total rounded past the sum
 }
 
-// The k-th largest of x by partial selection of a copy; -inf (keep all) unless 0 < k < n.
+// The k-th largest of x; -inf (keep all) unless 0 < k < n. Small k: a min-heap of the k largest
+// seen, which most elements only compare against its top (one pass, no copy of the row);
+// large k: partial selection of a copy.
 inline float TopKThreshold(const std::vector<float>& x, int64_t k, std::vector<float>& scratch) {
   if (k <= 0 || k >= static_cast<int64_t>(x.size())) return -std::numeric_limits<float>::infinity();
+  constexpr int64_t kHeapLimit = 1024;
+  if (k <= kHeapLimit) {
+    scratch.assign(x.begin(), x.begin() + k);
+    std::make_heap(scratch.begin(), scratch.end(), std::greater<float>());  // top: the smallest
+    for (size_t i = static_cast<size_t>(k); i < x.size(); ++i) {
+      if (x[i] > scratch.front()) {
+        std::pop_heap(scratch.begin(), scratch.end(), std::greater<float>());
+        scratch.back() = x[i];
+        std::push_heap(scratch.begin(), scratch.end(), std::greater<float>());
+      }
+    }
+    return scratch.front();
+  }
   scratch.assign(x.begin(), x.end());
   std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
   return scratch[k - 1];
+}
+
+// Order-preserving map float -> uint32 (for non-NaN); -0 and +0 map to the same key.
+inline uint32_t Key(float f) {
+  if (f == 0.0f) f = 0.0f;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+inline float FromKey(uint32_t key) {
+  const uint32_t u = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+/*!
+ * \brief The largest t such that the elements of x with t <= x (and floor <= x) weigh >= need > 0:
+ *        the top-p threshold without sorting the row. Radix selection on Key, 8 bits per pass
+ *        from the top (as on CUDA); a pass stops early once its bin holds one element.
+ */
+template <typename WeightFn>
+float MassThreshold(const std::vector<float>& x, float floor, double need, WeightFn&& weight) {
+  const uint32_t floor_key = Key(floor);
+  uint32_t prefix = 0, prefix_mask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    double mass[256] = {};
+    uint32_t count[256] = {};
+    for (const float v : x) {
+      const uint32_t key = Key(v);
+      if (key < floor_key || (key & prefix_mask) != prefix) continue;
+      const uint32_t digit = (key >> shift) & 0xffu;
+      mass[digit] += weight(v);
+      ++count[digit];
+    }
+    int digit = 255;  // the bin where the mass counted from the top reaches need
+    double above = 0.0;
+    for (; digit > 0 && above + mass[digit] < need; --digit) above += mass[digit];
+    need -= above;
+    prefix |= static_cast<uint32_t>(digit) << shift;
+    prefix_mask |= 0xffu << shift;
+    if (count[digit] <= 1) break;  // keys >= the bin's lowest key select the same elements
+  }
+  return std::max(FromKey(prefix), floor);
 }
 
 template <typename T>
@@ -142,7 +203,7 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
     CheckUniform(kOp, u[b], b);
   }
   const int64_t n = rows.vocab;
-  std::vector<float> x(n), scratch;
+  std::vector<float> x(n), scratch;  // scratch: the top-k selection's copy
   std::vector<double> w(n);
   host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
     const T* base = data_ptr<const T>(logits);
@@ -151,25 +212,17 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
       for (int64_t i = 0; i < n; ++i) x[i] = ToFloat(row[i]);
       const float row_max = *std::max_element(x.begin(), x.end());
       float threshold = TopKThreshold(x, ks[b], scratch);  // the k-th largest logit
-      if (ps[b] < 1.0f) {  // walk the kept logits in descending order until top_p of the mass
-        scratch.clear();
+      if (ps[b] < 1.0f) {  // the largest threshold keeping top_p of the top-k set's mass
+        auto weight = [&](float v) { return std::exp(static_cast<double>(v) - row_max); };
+        scratch.clear();  // the top-k survivors: few when top-k is on, so the search stays small
         double kept_mass = 0.0;
-        for (int64_t i = 0; i < n; ++i) {
-          if (x[i] >= threshold) {
-            scratch.push_back(x[i]);
-            kept_mass += std::exp(static_cast<double>(x[i]) - row_max);
+        for (const float v : x) {
+          if (v >= threshold) {
+            scratch.push_back(v);
+            kept_mass += weight(v);
           }
         }
-        std::sort(scratch.begin(), scratch.end(), std::greater<float>());
-        const double target = static_cast<double>(ps[b]) * kept_mass;
-        double cum = 0.0;
-        for (const float v : scratch) {
-          cum += std::exp(static_cast<double>(v) - row_max);
-          if (cum >= target) {
-            threshold = v;
-            break;
-          }
-        }
+        if (kept_mass > 0.0) threshold = MassThreshold(scratch, threshold, ps[b] * kept_mass, weight);
       }
       for (int64_t i = 0; i < n; ++i) {
         w[i] = x[i] >= threshold ? std::exp(static_cast<double>(x[i]) - row_max) : 0.0;
@@ -254,22 +307,12 @@ inline void top_p_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView pr
   for (int64_t b = 0; b < rows.batch; ++b) {
     host::ValueCheck(ps[b] > 0.0f && ps[b] <= 1.0f, kOp, ": top_p[", b, "] = ", ps[b], " is outside (0, 1]");
   }
-  std::vector<float> sorted;
   ForEachFilteredRow(rows, out, probs, [&](int64_t b, const std::vector<float>& x, auto&& write) {
     float threshold = -std::numeric_limits<float>::infinity();
+    auto weight = [](float p) { return p > 0.0f ? static_cast<double>(p) : 0.0; };
     double total = 0.0;
-    for (const float p : x) total += p > 0.0f ? static_cast<double>(p) : 0.0;
-    if (ps[b] < 1.0f) {  // walk the probs in descending order until top_p of the mass
-      sorted.assign(x.begin(), x.end());
-      std::sort(sorted.begin(), sorted.end(), std::greater<float>());
-      const double target = static_cast<double>(ps[b]) * total;
-      double cum = 0.0;
-      for (const float p : sorted) {
-        cum += p > 0.0f ? static_cast<double>(p) : 0.0;
-        threshold = p;
-        if (cum >= target) break;
-      }
-    }
+    for (const float p : x) total += weight(p);
+    if (ps[b] < 1.0f && total > 0.0) threshold = MassThreshold(x, threshold, ps[b] * total, weight);
     double kept = 0.0;
     for (const float p : x) kept += p >= threshold && p > 0.0f ? static_cast<double>(p) : 0.0;
     const double inv = kept > 0.0 ? 1.0 / kept : 0.0;
