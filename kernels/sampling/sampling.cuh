@@ -12,7 +12,8 @@
  *    logit, 8 bits per pass (at most 4 passes each, fewer when a bin holds exactly the rest):
  *    top-k picks the k-th largest key from bin counts, top-p the largest key whose kept mass
  *    reaches top_p of the top-k set's mass from bin sums of exp. Bins are summed over the
- *    cluster through distributed shared memory.
+ *    cluster through distributed shared memory. After top-k, each block compacts its few
+ *    survivors, and top-p and the sample walk those instead of the slice.
  *  - min-p: the max, then the threshold is known.
  *  - filters (top_k_mask_logits, top_k_renorm_probs, top_p_renorm_probs): the same selections,
  *    then each block writes its slice of the output row.
@@ -629,7 +630,7 @@ __global__ void __launch_bounds__(1024, 1)
 
 // ----------------------------------------------------------------------------- launch plan
 
-// Shared memory a slice may take: two 1024-thread blocks still fit an SM, with the scratch.
+// Shared memory a slice may take: two blocks' slices and scratch still fit an SM's shared memory.
 inline constexpr int64_t kSliceBytes = 96 * 1024;
 
 // The plan of a sampling kernel: slices of whole 16-byte vectors, copied into shared memory
