@@ -66,13 +66,17 @@ inline void CudaCheck(cudaError_t err, const Args&... msg) {
 template <cudaDeviceAttr kAttr>
 inline int CachedDeviceAttribute(int device) {
   constexpr int kMaxCachedDevices = 64;
-  static std::atomic<int> cache[kMaxCachedDevices] = {};  // 0: not queried yet
+  // value + 1, so that 0 means "not queried yet" even for attributes that are 0 (a minor
+  // compute capability of 0 would otherwise be queried at every call).
+  static std::atomic<int64_t> cache[kMaxCachedDevices] = {};
   if (device >= 0 && device < kMaxCachedDevices) {
-    if (const int v = cache[device].load(std::memory_order_relaxed); v != 0) return v;
+    if (const int64_t v = cache[device].load(std::memory_order_relaxed); v != 0) return static_cast<int>(v - 1);
   }
   int value = 0;
   MLLM_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttr, device));
-  if (device >= 0 && device < kMaxCachedDevices) cache[device].store(value, std::memory_order_relaxed);
+  if (device >= 0 && device < kMaxCachedDevices) {
+    cache[device].store(static_cast<int64_t>(value) + 1, std::memory_order_relaxed);
+  }
   return value;
 }
 
