@@ -11,6 +11,7 @@ KERNELS = [
     "activation",
     "embedding",
     "kv_cache",
+    "penalties",
     "prefill_attention",
     "rms_norm",
     "rope",
