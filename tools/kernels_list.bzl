@@ -17,4 +17,5 @@ KERNELS = [
     "rope",
     "sampling",
     "softmax",
+    "speculative",
 ]

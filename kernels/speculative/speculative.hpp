@@ -1,0 +1,133 @@
+/*!
+ * \file kernels/speculative/speculative.hpp
+ * \brief The argument contract of chain_speculative_sampling and the arithmetic both devices
+ * share (speculative.cpp, speculative.cuh), so the same uniforms give the same tokens on each.
+ *
+ * draft_probs [batch, n, vocab] and target_probs [batch, n + 1, vocab]: float32, unit last
+ * stride, any other strides; draft_token_ids [batch, n]: int32/int64, any strides; uniforms
+ * float32 [batch, n + 1], contiguous; out_tokens [batch, n + 1] of draft_token_ids' dtype and
+ * out_accepted [batch] int32/int64, contiguous (written); error: int64 [3], the device-error
+ * record {flag, flattened index, id} CUDA fills for a draft id outside [0, vocab) (the CPU raises
+ * instead). All on one device; the written tensors share no memory with the others or each other.
+ */
+#ifndef MLLM_KERNEL_KERNELS_SPECULATIVE_HPP_
+#define MLLM_KERNEL_KERNELS_SPECULATIVE_HPP_
+
+#include <mllm_kernel/dispatch.hpp>
+#include <mllm_kernel/overlap.hpp>
+#include <mllm_kernel/tensor.hpp>
+#include <mllm_kernel/utils.hpp>
+#include <tvm/ffi/container/tensor.h>
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define MLLM_KERNEL_SPEC_HD __host__ __device__ __forceinline__
+#else
+#define MLLM_KERNEL_SPEC_HD inline
+#endif
+
+namespace mllm_kernel::speculative {
+
+/*!
+ * \brief Draws use integer weights: a probability w (clamped to [0, 1], NaN as 0) times 2^40,
+ * truncated. Integer sums are exact and order-free, so the CPU and every CUDA plan pick the same
+ * token for the same uniform. A weight below 2^-40 (~9e-13) counts as 0, which moves at most
+ * vocab * 2^-40 of mass (1.4e-7 at vocab 152k): less than float32 rounding of the probs themselves.
+ */
+inline constexpr float kWeightScale = 0x1p40f;
+
+MLLM_KERNEL_SPEC_HD uint64_t Weight(float w) {
+  w = w > 0.0f ? (w < 1.0f ? w : 1.0f) : 0.0f;  // NaN fails `w > 0` and becomes 0
+  return static_cast<uint64_t>(w * kWeightScale);
+}
+
+/*! \brief The residual weight max(0, p - q) of a rejected position (float32 subtraction). */
+MLLM_KERNEL_SPEC_HD uint64_t ResidualWeight(float p, float q) { return Weight(p - q); }
+
+/*! \brief A uniform made usable: NaN and values outside [0, 1) are clamped (CUDA cannot raise). */
+MLLM_KERNEL_SPEC_HD float ClampUniform(float u) {
+  constexpr float kBelowOne = 0x1.fffffep-1f;
+  return u > 0.0f ? (u < kBelowOne ? u : kBelowOne) : 0.0f;
+}
+
+/*! \brief The draw's threshold: the token picked is the first whose running weight sum exceeds
+ *  it. total > 0 and u < 1 make it < total, so a token is always found. */
+MLLM_KERNEL_SPEC_HD uint64_t DrawTarget(float u, uint64_t total) {
+  return static_cast<uint64_t>(static_cast<double>(ClampUniform(u)) * static_cast<double>(total));
+}
+
+/*! \brief The accept test of draft token x: u * q(x) < p(x), float32. Strict, so a token the
+ *  target gives probability 0 is never accepted; with q(x) = 0 < p(x) it always is. */
+MLLM_KERNEL_SPEC_HD bool Accepts(float u, float p, float q) { return ClampUniform(u) * q < p; }
+
+/*! \brief A verified call. Strides in elements. */
+struct ChainArgs {
+  DLDataType id_dtype, accepted_dtype;
+  DLDevice device;
+  int64_t batch, num_draft, vocab;
+  int64_t draft_stride_b, draft_stride_n, target_stride_b, target_stride_n, ids_stride_b, ids_stride_n;
+  bool empty() const { return batch == 0; }
+};
+
+/*! \brief chain_speculative_sampling(out_tokens, out_accepted, draft_probs, draft_token_ids,
+ *  target_probs, uniforms, error). */
+template <DLDeviceType kDev>
+ChainArgs VerifyChain(tvm::ffi::TensorView out_tokens, tvm::ffi::TensorView out_accepted,
+                      tvm::ffi::TensorView draft_probs, tvm::ffi::TensorView draft_token_ids,
+                      tvm::ffi::TensorView target_probs, tvm::ffi::TensorView uniforms, tvm::ffi::TensorView error) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  constexpr const char* op = "chain_speculative_sampling";
+  SymbolicSize batch{"batch"}, n{"num_draft"}, n1{"num_draft + 1"}, vocab{"vocab"};
+  SymbolicSize dsb{"draft_probs_stride0"}, dsn{"draft_probs_stride1"};
+  SymbolicSize tsb{"target_probs_stride0"}, tsn{"target_probs_stride1"};
+  SymbolicSize isb{"draft_token_ids_stride0"}, isn{"draft_token_ids_stride1"};
+  SymbolicDType id_dtype, accepted_dtype;
+  SymbolicDevice device{"device"};
+  TensorMatcher({batch, n, vocab})
+      .for_op(op)
+      .with_dtype<float>()
+      .with_device<kDev>(device)
+      .with_strides({dsb, dsn, 1})
+      .verify(draft_probs, "draft_probs");
+  TensorMatcher({batch, n})
+      .for_op(op)
+      .with_dtype<int32_t, int64_t>(id_dtype)
+      .with_device(device)
+      .with_strides({isb, isn})
+      .verify(draft_token_ids, "draft_token_ids");
+  TensorMatcher({batch, n1, vocab})
+      .for_op(op)
+      .with_dtype<float>()
+      .with_device(device)
+      .with_strides({tsb, tsn, 1})
+      .verify(target_probs, "target_probs");
+  ValueCheck(n1.unwrap() == n.unwrap() + 1, op, ": argument 'target_probs': dim 1 must be num_draft + 1 = ",
+             n.unwrap() + 1, " (draft_probs has ", n.unwrap(), " positions), got ", n1.unwrap());
+  ValueCheck(vocab.unwrap() > 0, op, ": argument 'target_probs': the vocab dim must be non-empty");
+  TensorMatcher({batch, n1}).for_op(op).with_dtype<float>().with_device(device).verify(uniforms, "uniforms");
+  TensorMatcher({batch, n1}).for_op(op).with_dtype(id_dtype).with_device(device).verify(out_tokens, "out_tokens");
+  TensorMatcher({batch})
+      .for_op(op)
+      .with_dtype<int32_t, int64_t>(accepted_dtype)
+      .with_device(device)
+      .verify(out_accepted, "out_accepted");
+  if constexpr (kDev == kDLCUDA) {
+    TensorMatcher({3}).for_op(op).with_dtype<int64_t>().with_device(device).verify(error, "error");
+    ValueCheck(vocab.unwrap() <= 0x7fffffff, op, ": vocab ", vocab.unwrap(), " is over 2^31 - 1 on CUDA");
+  }
+  CheckNoAliasing(op, {{out_tokens, "out_tokens"}, {out_accepted, "out_accepted"}},
+                  {{draft_probs, "draft_probs"},
+                   {draft_token_ids, "draft_token_ids"},
+                   {target_probs, "target_probs"},
+                   {uniforms, "uniforms"},
+                   {error, "error"}});
+  return {id_dtype.unwrap(), accepted_dtype.unwrap(), device.unwrap(), batch.unwrap(), n.unwrap(), vocab.unwrap(),
+          dsb.unwrap(),      dsn.unwrap(),            tsb.unwrap(),    tsn.unwrap(),   isb.unwrap(), isn.unwrap()};
+}
+
+}  // namespace mllm_kernel::speculative
+
+#undef MLLM_KERNEL_SPEC_HD
+
+#endif  // MLLM_KERNEL_KERNELS_SPECULATIVE_HPP_
