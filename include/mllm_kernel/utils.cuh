@@ -4,7 +4,7 @@
  *        may include just this one. New code may include only the headers it needs:
  *
  *   cuda/types.cuh         fp16_t / bf16_t / fp8 / fp32_t, to_float / from_float
- *   cuda/reduce.cuh        kWarpThreads, max_of, warp_reduce_* and block_reduce_* (sum, max)
+ *   cuda/reduce.cuh        kWarpThreads, max_of, warp_reduce_* and block_reduce_* (sum, max), warp_argmax
  *   cuda/vec.cuh           kVecBytes / kVecSize, AlignedVector, is_aligned
  *   cuda/fast_math.cuh     SFU exp2_approx / rcp_approx
  *   cuda/launch.cuh        LaunchKernel (torch's stream, PDL, clusters), pdl_wait_primary /

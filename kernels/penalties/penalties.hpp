@@ -21,6 +21,7 @@
 #include <tvm/ffi/container/tensor.h>
 
 #include <cstdint>
+#include <utility>
 
 #ifdef __CUDACC__
 #define MLLM_KERNEL_PENALTIES_HD __host__ __device__ __forceinline__

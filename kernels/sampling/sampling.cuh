@@ -319,29 +319,9 @@ __device__ __forceinline__ void SampleIndex(const Slice<T>& s, float u, WeightFn
 
 // ----------------------------------------------------------------------------- kernels
 
-// true if (va, ia) is preferred to (vb, ib) as argmax: NaN first (like torch), then the larger
-// value, then the smaller index.
-__device__ __forceinline__ bool Better(float va, int64_t ia, float vb, int64_t ib) {
-  const bool na = isnan(va), nb = isnan(vb);
-  if (na != nb) return na;
-  if (!na && va != vb) return va > vb;
-  return ia < ib;
-}
-
-struct ArgMax {
-  float v;
-  int64_t i;
-};
-
-__device__ __forceinline__ ArgMax WarpArgMax(ArgMax a) {
-#pragma unroll
-  for (int offset = kWarpThreads / 2; offset > 0; offset >>= 1) {
-    const float v = __shfl_xor_sync(kFullMask, a.v, offset);
-    const int64_t i = __shfl_xor_sync(kFullMask, a.i, offset);
-    if (Better(v, i, a.v, a.i)) a = {v, i};
-  }
-  return a;
-}
+using device::ArgMax;  // argmax candidates: NaN first, then the larger value, then the smaller index
+using device::argmax_better;
+using device::warp_argmax;
 
 template <typename T>
 __global__ void __launch_bounds__(1024, 1)
@@ -355,7 +335,7 @@ __global__ void __launch_bounds__(1024, 1)
   const T* src = logits + b * stride + begin;
   ArgMax best{-INFINITY, INT64_MAX};
   auto visit = [&](int64_t i, float v) {
-    if (Better(v, begin + i, best.v, best.i)) best = {v, begin + i};
+    if (argmax_better(v, begin + i, best.v, best.i)) best = {v, begin + i};
   };
   int64_t start = 0;
   if (device::is_aligned<16>(src)) {
@@ -371,19 +351,19 @@ __global__ void __launch_bounds__(1024, 1)
   }
   for (int64_t i = start + threadIdx.x; i < n; i += blockDim.x) visit(i, device::to_float(src[i]));
   const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
-  best = WarpArgMax(best);
+  best = warp_argmax(best);
   if (lane == 0) partial[warp] = best;
   __syncthreads();
   if (warp == 0) {
     best = lane < blockDim.x / kWarpThreads ? partial[lane] : ArgMax{-INFINITY, INT64_MAX};
-    best = WarpArgMax(best);
+    best = warp_argmax(best);
     if (lane == 0) block_best = best;
   }
   device::cluster_sync();  // block_best of every block is written
   if (device::cluster_rank() == 0 && threadIdx.x == 0) {
     best = block_best;
     device::for_each_peer(&block_best, [&](unsigned, const ArgMax& p) {
-      if (Better(p.v, p.i, best.v, best.i)) best = p;
+      if (argmax_better(p.v, p.i, best.v, best.i)) best = p;
     });
     out[b] = best.i;
   }

@@ -1,4 +1,5 @@
-"""Speculative-decoding verification (kernels/speculative/speculative.{cpp,cuh}).
+"""Speculative-decoding verification (kernels/speculative/speculative.{cpp,cuh}): chain rejection
+sampling, draft-tree verification, and the tree's attention mask.
 
 chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, *, uniforms=None,
                            generator=None, out_accepted=None) -> (output_token_ids, accepted_counts)
@@ -31,6 +32,46 @@ Bad draft ids (outside [0, vocab)):
     (flattened index b * n + j, id) in a per-device flag buffer; `check=True` reads it after
     the kernel (a sync) and raises ValueError, otherwise `pop_speculative_error()` does.
     Uniforms outside [0, 1) are clamped on CUDA.
+
+tree_speculative_verify(candidates, retrieve_index, next_token, next_sibling, target_probs=None, *,
+                        target_logits=None, greedy, uniforms=None, generator=None, max_depth=None,
+                        check=True) -> (accepted_index, accepted_token_ids, accepted_length)
+
+The draft tree of each request is given as first-child / next-sibling lists over D nodes (SGLang's
+layout; `tree_from_parents` builds them): node 0 is the root (the last verified token), nodes
+1..D-1 are draft tokens with ids candidates[b, i]; next_token[b, i] / next_sibling[b, i] are node
+i's first child / next sibling (a local node index) or -1; retrieve_index[b, i] is node i's row
+of the target ([rows, vocab] or [batch, D, vocab] viewed as [batch * D, vocab]).
+From the root, at each node on the path the target picks a token: its argmax (greedy) or a draw
+from its probabilities with the node's uniform u[b, i] (the same integer-weight draw as the chain
+op). If a child of the node carries that token (the first one, in sibling order), the child is
+accepted and the walk goes on from it; otherwise the token is the correction (or, at a leaf or at
+max_depth, the bonus) token and the walk ends. With one-hot draft tokens (EAGLE / Medusa trees)
+this is exactly the rejection rule tried sibling by sibling (accept x with probability p(x), else
+renormalize p without x and try the next sibling, else draw from what is left), done with one
+uniform per node: the output follows the target distribution whatever the tree.
+Outputs, in candidates' dtype: accepted_index [batch, max_depth + 1] (the local node indices of
+the path from the root, -1 padded), accepted_token_ids [batch, max_depth + 1] (the accepted draft
+tokens then the correction / bonus token, -1 padded), accepted_length [batch] (accepted drafts,
+the root excluded). max_depth (default D - 1, always enough) caps the path.
+Sampling mode needs target_probs (float32 / float16 / bfloat16 rows, used as given); greedy
+takes either. A malformed tree (links outside [-1, D) or pointing at the root, a node reached
+twice), a row index out of range or a uniform outside [0, 1) raises on the CPU before any write;
+on CUDA the walk stops at the bad link or row, which is recorded (the same flag buffer and
+`check` rule as the chain op, `pop_speculative_error()`).
+
+tree_from_parents(parents, tokens) -> (candidates, retrieve_index, next_token, next_sibling):
+parents [batch, D] int32 / int64 with parents[:, 0] = -1 and 0 <= parents[:, i] < i (nodes in
+topological order); children are ordered by node index. torch ops on the parents' device (the
+check reads the values: a sync on CUDA).
+
+build_tree_attention_mask(parents, prefix_lens, *, mask_numel=None) -> (mask, positions): the
+bool mask that paged_prefill_attention's custom_mask takes when the D tree nodes are the new
+queries over prefix_lens[b] cached tokens: request b's [D, prefix_lens[b] + D] block, flattened
+query-major and concatenated; node i sees the whole prefix, its ancestors and itself.
+positions [batch, D] int64: prefix_lens[b] + depth of the node (the root at prefix_lens[b]).
+The mask's length depends on prefix_lens: give mask_numel (sum of D * (prefix_lens[b] + D)) to
+avoid reading CUDA prefix_lens on the host (and to capture it in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -40,8 +81,8 @@ import torch
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 from mllm_kernel.kernels.op_modules import DeviceModules, as_bool, custom_op, expect_tensor, op_specs
 
-_KERNEL_NAMES = ("chain_speculative_sampling",)
-EXPORTS = ("chain_speculative_sampling",)
+_KERNEL_NAMES = ("chain_speculative_sampling", "tree_speculative_verify")
+EXPORTS = ("chain_speculative_sampling", "tree_speculative_verify", "tree_from_parents", "build_tree_attention_mask")
 SPECS = op_specs(__file__, _KERNEL_NAMES)
 _modules = DeviceModules(SPECS)
 _errors = DeviceErrorRecord(
@@ -49,8 +90,23 @@ _errors = DeviceErrorRecord(
     "draft_token_ids (flattened)[{index}] = {value} is out of range [0, vocab={vocab}) (recorded on {device} by "
     "this call or an earlier unchecked one; that draft was rejected without being read)",
 )
+_tree_errors = DeviceErrorRecord(
+    "tree_speculative_verify",
+    "node (flattened)[{index}] links to {value}: a next_token / next_sibling outside [1, D) or closing a cycle, "
+    "or a retrieve_index outside [0, target rows) (recorded on {device} by this call or an earlier unchecked one; "
+    "the walk stopped there)",
+)
 
-pop_speculative_error = _errors.pop  # (index, value) of the first bad draft id recorded on a device, or None
+
+def pop_speculative_error(device=None) -> tuple[str, int, int] | None:
+    """(op, index, value) of the first bad element recorded on a CUDA device by
+    chain_speculative_sampling (a draft id) or tree_speculative_verify (a node), or None; clears
+    that record. Syncs the current stream."""
+    for op, record in (("chain_speculative_sampling", _errors), ("tree_speculative_verify", _tree_errors)):
+        found = record.pop(device)
+        if found is not None:
+            return (op, *found)
+    return None
 
 
 @custom_op("chain_speculative_sampling", mutates_args=("out_accepted",))
@@ -110,3 +166,170 @@ def chain_speculative_sampling(
         out_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     out = _chain(draft_probs, draft_token_ids, target_probs, uniforms, out_accepted, check)
     return out, out_accepted
+
+
+# ----------------------------------------------------------------------------- trees
+
+
+@custom_op("tree_speculative_verify",
+           mutates_args=("accepted_index", "accepted_token_ids", "accepted_length"))
+def _tree(
+    accepted_index: torch.Tensor,
+    accepted_token_ids: torch.Tensor,
+    accepted_length: torch.Tensor,
+    candidates: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    next_token: torch.Tensor,
+    next_sibling: torch.Tensor,
+    target: torch.Tensor,
+    uniforms: torch.Tensor,
+    greedy: bool,
+    check: bool,
+) -> None:
+    device = candidates.device
+    _modules[device.type].tree_speculative_verify(accepted_index, accepted_token_ids, accepted_length, candidates,
+                                                  retrieve_index, next_token, next_sibling, target, uniforms, greedy,
+                                                  _tree_errors[device])
+    if check:
+        _tree_errors.raise_recorded(device)
+
+
+@_tree.register_fake
+def _(accepted_index, accepted_token_ids, accepted_length, candidates, retrieve_index, next_token, next_sibling,
+      target, uniforms, greedy, check):
+    return None
+
+
+def tree_speculative_verify(
+    candidates: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    next_token: torch.Tensor,
+    next_sibling: torch.Tensor,
+    target_probs: torch.Tensor | None = None,
+    *,
+    target_logits: torch.Tensor | None = None,
+    greedy: bool,
+    uniforms: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    max_depth: int | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Verify each request's draft tree against the target (module doc). Returns (accepted_index
+    [batch, max_depth + 1], accepted_token_ids [batch, max_depth + 1], accepted_length [batch])."""
+    op = "tree_speculative_verify"
+    expect_tensor(op, "candidates", candidates, SPECS)
+    if candidates.dim() != 2:
+        raise ValueError(f"{op}: candidates must be 2-D [batch, num_nodes], got shape {tuple(candidates.shape)}")
+    batch, nodes = candidates.shape
+    greedy = greedy if greedy is True or greedy is False else as_bool(op, "greedy", greedy)
+    check = check if check is True or check is False else as_bool(op, "check", check)
+    if (target_probs is None) == (target_logits is None):
+        raise ValueError(f"{op}: give exactly one of target_probs and target_logits")
+    if target_logits is not None and not greedy:
+        raise ValueError(f"{op}: sampling (greedy=False) needs target_probs, got target_logits")
+    name = "target_probs" if target_logits is None else "target_logits"
+    target = target_probs if target_logits is None else target_logits
+    expect_tensor(op, name, target, SPECS)
+    if target.dim() == 3:
+        if target.stride(-1) != 1 or (target.shape[0] > 1 and target.stride(0) != target.shape[1] * target.stride(1)):
+            raise ValueError(f"{op}: {name} [batch, D, vocab] must be viewable as [batch * D, vocab], got strides "
+                             f"{target.stride()}")
+        target = target.reshape(-1, target.shape[-1])
+    elif target.dim() != 2:
+        raise ValueError(f"{op}: {name} must be [rows, vocab] or [batch, D, vocab], got shape {tuple(target.shape)}")
+    if max_depth is None:
+        max_depth = nodes - 1
+    elif isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
+        raise ValueError(f"{op}: max_depth must be a non-negative int, got {max_depth!r}")
+    if greedy:
+        if uniforms is not None or generator is not None:
+            raise ValueError(f"{op}: greedy verification takes no uniforms or generator")
+        uniforms = torch.empty(0, dtype=torch.float32, device=candidates.device)
+    elif uniforms is None:
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"{op}: generator must be a torch.Generator or None, got {type(generator).__name__}")
+        uniforms = torch.rand(batch, nodes, generator=generator, device=candidates.device, dtype=torch.float32)
+    elif generator is not None:
+        raise ValueError(f"{op}: give uniforms or generator, not both")
+    accepted_index = torch.empty(batch, max_depth + 1, dtype=candidates.dtype, device=candidates.device)
+    accepted_tokens = torch.empty_like(accepted_index)
+    accepted_length = torch.empty(batch, dtype=candidates.dtype, device=candidates.device)
+    _tree(accepted_index, accepted_tokens, accepted_length, candidates, retrieve_index, next_token, next_sibling,
+          target, uniforms, greedy, check)
+    return accepted_index, accepted_tokens, accepted_length
+
+
+def _check_parents(op: str, parents: torch.Tensor) -> None:
+    if not isinstance(parents, torch.Tensor):
+        raise TypeError(f"{op}: parents must be a torch.Tensor, got {type(parents).__name__}")
+    if parents.dtype not in (torch.int32, torch.int64) or parents.dim() != 2 or parents.shape[1] == 0:
+        raise ValueError(f"{op}: parents must be int32 / int64 [batch, D] with D >= 1, got {parents.dtype} "
+                         f"{tuple(parents.shape)}")
+    index = torch.arange(parents.shape[1], device=parents.device)
+    ok = (parents[:, 0] == -1).all() & ((parents[:, 1:] >= 0) & (parents[:, 1:] < index[1:])).all()
+    if not bool(ok):  # a sync on CUDA
+        raise ValueError(f"{op}: parents must have parents[:, 0] = -1 and 0 <= parents[:, i] < i (topological "
+                         "order)")
+
+
+def tree_from_parents(parents: torch.Tensor, tokens: torch.Tensor):
+    """(candidates, retrieve_index, next_token, next_sibling) of the trees given by parent indices
+    (module doc); children in node-index order. tokens [batch, D]: the node token ids."""
+    op = "tree_from_parents"
+    _check_parents(op, parents)
+    if not isinstance(tokens, torch.Tensor) or tokens.shape != parents.shape or tokens.dtype not in (torch.int32,
+                                                                                                    torch.int64):
+        raise ValueError(f"{op}: tokens must be int32 / int64 of the parents' shape {tuple(parents.shape)}")
+    batch, nodes = parents.shape
+    dtype, device = tokens.dtype, parents.device
+    index = torch.arange(nodes, device=device)
+    p = parents.long()
+    # Node i's first child: the smallest j with parent i; its next sibling: the smallest j > i
+    # with the same parent. [batch, D, D] comparisons: trees are small (D <= a few hundred).
+    is_child = p.unsqueeze(1) == index.view(1, nodes, 1)  # [b, i, j]: parent of j is i
+    sibling = (p.unsqueeze(1) == p.unsqueeze(2)) & (index.view(1, 1, nodes) > index.view(1, nodes, 1))
+    sibling[:, 0, :] = False  # the root has no siblings
+    none = torch.full((), nodes, device=device)
+
+    def first(mask):
+        found = torch.where(mask, index.view(1, 1, nodes), none).amin(-1)
+        return torch.where(found == nodes, -1, found).to(dtype)
+
+    retrieve = (torch.arange(batch, device=device).view(batch, 1) * nodes + index).to(dtype)
+    return tokens.clone(), retrieve, first(is_child), first(sibling)
+
+
+def build_tree_attention_mask(parents: torch.Tensor, prefix_lens: torch.Tensor, *, mask_numel: int | None = None):
+    """(mask, positions) of the draft trees over their cached prefixes (module doc)."""
+    op = "build_tree_attention_mask"
+    _check_parents(op, parents)
+    if not isinstance(prefix_lens, torch.Tensor) or prefix_lens.shape != parents.shape[:1] or \
+            prefix_lens.dtype not in (torch.int32, torch.int64) or prefix_lens.device != parents.device:
+        raise ValueError(f"{op}: prefix_lens must be int32 / int64 [batch] on the parents' device")
+    batch, nodes = parents.shape
+    device = parents.device
+    index = torch.arange(nodes, device=device)
+    # ancestor-or-self by pointer doubling: after k rounds, the 2^k nearest ancestors are marked.
+    p = torch.where(parents < 0, index, parents.long())  # the root points at itself
+    anc = index.view(1, nodes, 1) == index.view(1, 1, nodes)
+    anc = anc | (p.unsqueeze(-1) == index.view(1, 1, nodes))
+    depth = (index > 0).long().expand(batch, nodes).clone()
+    jump = p
+    for _ in range(max(1, (nodes - 1).bit_length())):
+        anc = anc | anc.gather(1, jump.unsqueeze(-1).expand(batch, nodes, nodes))
+        depth = depth + depth.gather(1, jump) * (jump > 0)
+        jump = jump.gather(1, jump)
+    prefix = prefix_lens.long()
+    row = prefix + nodes
+    sizes = nodes * row
+    starts = torch.cumsum(sizes, 0) - sizes
+    if mask_numel is None:
+        mask_numel = int(sizes.sum())  # a sync on CUDA
+    e = torch.arange(mask_numel, device=device)
+    b = torch.searchsorted(starts, e, right=True) - 1
+    local = e - starts[b]
+    i, k = local // row[b], local % row[b]
+    in_prefix = k < prefix[b]
+    j = (k - prefix[b]).clamp(0, nodes - 1)
+    mask = in_prefix | anc[b, i, j]
+    return mask, prefix.unsqueeze(1) + depth

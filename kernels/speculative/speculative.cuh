@@ -1,7 +1,7 @@
 /*!
  * \file kernels/speculative/speculative.cuh
- * \brief CUDA speculative-decoding verification: chain rejection sampling, on torch's current
- * stream.
+ * \brief CUDA speculative-decoding verification: chain rejection sampling and tree verification,
+ * on torch's current stream.
  *
  * One block per request (grid-stride over the batch). Thread 0 runs the accept tests (n reads);
  * the block then draws the correction or bonus token from one row in two steps:
@@ -12,11 +12,18 @@
  * So the row is read once, plus one chunk. Integer sums make the token independent of the
  * order of additions: CPU and CUDA agree exactly.
  *
+ * Tree verification walks each request's tree the same way, one block per request: at each node
+ * on the path the block takes the row's argmax (greedy) or a draw with the node's uniform, and
+ * thread 0 looks for the first child, in sibling order, that carries that token. Only the rows
+ * of the path are read. Links out of range, a node reached twice on the path or a sibling chain
+ * longer than the tree (a cycle), and row indices out of range are recorded in `error` and end
+ * the walk there (never read, never followed).
+ *
  * A draft id outside [0, vocab) is never read: that position counts as rejected and the id is
  * recorded in `error` (int64 [3]: {flag, flattened index, id}). Uniforms are clamped to [0, 1).
  *
  * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
- * mllm_kernel::gpu::chain_speculative_sampling (arguments: speculative.hpp).
+ * mllm_kernel::gpu::{chain_speculative_sampling, tree_speculative_verify} (arguments: speculative.hpp).
  */
 #ifndef MLLM_KERNEL_KERNELS_SPECULATIVE_CUH_
 #define MLLM_KERNEL_KERNELS_SPECULATIVE_CUH_
@@ -37,12 +44,6 @@ using speculative::ChainArgs;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChunks = 2048;  // 16 KiB of chunk sums; longer rows get wider chunks
-
-__device__ __forceinline__ uint64_t WarpSum(uint64_t v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 __device__ __forceinline__ uint64_t WarpInclusiveScan(uint64_t v) {
   const int lane = threadIdx.x & 31;
@@ -73,7 +74,7 @@ __device__ __forceinline__ uint64_t BlockExclusiveScan(uint64_t v, uint64_t* war
   return result;
 }
 
-/*! \brief One row's weights: the residual max(0, p - q) (q != nullptr) or p itself. */
+/*! \brief A row's draw weights: the residual max(0, p - q) of float32 rows (q != nullptr), or p. */
 struct RowWeights {
   const float* p;
   const float* q;
@@ -82,18 +83,26 @@ struct RowWeights {
   }
 };
 
+/*! \brief The draw weights of a probability row of any float type. */
+template <typename T>
+struct ProbWeights {
+  const T* p;
+  __device__ __forceinline__ uint64_t operator()(int64_t i) const { return speculative::Weight(device::to_float(p[i])); }
+};
+
 /*!
  * \brief The first token whose running weight exceeds DrawTarget(u, total); -1 if the row has
  * no weight. Called by the whole block.
  */
-__device__ int64_t BlockDraw(const RowWeights& w, int64_t vocab, int64_t chunk, int64_t num_chunks, float u,
+template <typename Weights>
+__device__ int64_t BlockDraw(const Weights& w, int64_t vocab, int64_t chunk, int64_t num_chunks, float u,
                              uint64_t* chunk_sums, uint64_t* warp_totals, int64_t* found) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int64_t c = warp; c < num_chunks; c += kWarps) {  // 1. chunk sums
     const int64_t first = c * chunk, last = min(first + chunk, vocab);
     uint64_t sum = 0;
     for (int64_t i = first + lane; i < last; i += 32) sum += w(i);
-    sum = WarpSum(sum);
+    sum = device::warp_reduce_sum(sum);
     if (lane == 0) chunk_sums[c] = sum;
   }
   __syncthreads();
@@ -187,6 +196,117 @@ __global__ void __launch_bounds__(kThreads)
   device::pdl_launch_dependents();
 }
 
+/*! \brief argmax of a row (device::argmax_better's order). Called by the whole block. */
+template <typename T>
+__device__ int64_t BlockArgMax(const T* row, int64_t vocab, device::ArgMax* partial) {
+  device::ArgMax best{-INFINITY, INT64_MAX};
+  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+    const float v = device::to_float(row[i]);
+    if (device::argmax_better(v, i, best.v, best.i)) best = {v, i};
+  }
+  best = device::warp_argmax(best);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) partial[warp] = best;
+  __syncthreads();
+  if (warp == 0) {
+    best = device::warp_argmax(lane < kWarps ? partial[lane] : device::ArgMax{-INFINITY, INT64_MAX});
+    if (lane == 0) partial[kWarps] = best;
+  }
+  __syncthreads();
+  const int64_t result = partial[kWarps].i;
+  __syncthreads();
+  return result;
+}
+
+/*!
+ * \brief Thread 0's step in the tree: the first child of `cur`, in sibling order, whose token is
+ * `token`, or -1. A link that is out of range or repeats a node on the path (path[0..depth]), or a
+ * sibling chain longer than the tree, is recorded and ends the walk (-1).
+ */
+template <typename IdT>
+__device__ int64_t FindChild(const IdT* candidates, const IdT* next_token, const IdT* next_sibling, int64_t cur,
+                             int64_t token, const IdT* path, int64_t depth, int64_t num_nodes, int64_t base,
+                             int64_t* error) {
+  int64_t c = next_token[cur], from = cur;
+  for (int64_t steps = 0; c != -1; ++steps) {
+    bool bad = c <= 0 || c >= num_nodes || steps >= num_nodes;
+    for (int64_t k = 0; !bad && k <= depth; ++k) bad = static_cast<int64_t>(path[k]) == c;
+    if (bad) {
+      device::record_error(error, base + from, c);
+      return -1;
+    }
+    if (static_cast<int64_t>(candidates[c]) == token) return c;
+    from = c;
+    c = next_sibling[c];
+  }
+  return -1;
+}
+
+template <typename T, typename IdT>
+__global__ void __launch_bounds__(kThreads)
+    TreeKernel(IdT* __restrict__ acc_index, IdT* __restrict__ acc_tokens, IdT* __restrict__ acc_length,
+               const IdT* __restrict__ candidates, const IdT* __restrict__ retrieve, const IdT* __restrict__ next_token,
+               const IdT* __restrict__ next_sibling, const T* __restrict__ target, const float* __restrict__ uniforms,
+               speculative::TreeArgs a, int64_t chunk, int64_t num_chunks, int64_t* error) {
+  __shared__ uint64_t chunk_sums[kMaxChunks];
+  __shared__ uint64_t warp_totals[kWarps + 1];
+  __shared__ device::ArgMax partial[kWarps + 1];
+  __shared__ int64_t shared[2];  // the next node, then BlockDraw's result slot
+  device::pdl_wait_primary();
+  const int64_t d = a.num_nodes, w = a.out_width;
+  for (int64_t b = blockIdx.x; b < a.batch; b += gridDim.x) {
+    const int64_t base = b * d;
+    IdT* index = acc_index + b * w;
+    IdT* tokens = acc_tokens + b * w;
+    int64_t cur = 0, depth = 0, token = -1;
+    if (threadIdx.x == 0) index[0] = 0;
+    while (true) {
+      const auto row = static_cast<int64_t>(retrieve[base + cur]);  // the same value in every thread
+      if (row < 0 || row >= a.target_rows) {
+        if (threadIdx.x == 0) device::record_error(error, base + cur, row);
+        token = -1;
+        break;
+      }
+      const T* p = target + row * a.target_stride;
+      if (a.greedy) {
+        token = BlockArgMax(p, a.vocab, partial);
+      } else {
+        token = BlockDraw(ProbWeights<T>{p}, a.vocab, chunk, num_chunks, uniforms[base + cur], chunk_sums,
+                          warp_totals, &shared[1]);
+        if (token < 0) token = 0;  // a row without mass
+      }
+      if (depth + 1 >= w) break;  // the deepest position: token is the bonus
+      if (threadIdx.x == 0) {
+        shared[0] = FindChild(candidates + base, next_token + base, next_sibling + base, cur, token, index, depth, d,
+                              base, error);
+      }
+      __syncthreads();
+      const int64_t next = shared[0];
+      __syncthreads();
+      if (next < 0) break;
+      ++depth;
+      if (threadIdx.x == 0) {
+        index[depth] = static_cast<IdT>(next);
+        tokens[depth - 1] = static_cast<IdT>(token);
+      }
+      cur = next;
+    }
+    if (threadIdx.x == 0) {
+      tokens[depth] = static_cast<IdT>(token);
+      for (int64_t k = depth + 1; k < w; ++k) index[k] = tokens[k] = static_cast<IdT>(-1);
+      acc_length[b] = static_cast<IdT>(depth);
+    }
+    __syncthreads();  // shared[] is reused by the next request
+  }
+  device::pdl_launch_dependents();
+}
+
+/*! \brief The chunk width of BlockDraw's sums for a row of `vocab` tokens (a multiple of 32, at
+ *  least 128, at most kMaxChunks chunks). */
+inline int64_t DrawChunk(int64_t vocab) {
+  return std::max<int64_t>(128, host::div_ceil(host::div_ceil(vocab, int64_t{kMaxChunks}), 32) * 32);
+}
+
 }  // namespace speculative_detail
 
 /*! \brief Chain speculative sampling (arguments: speculative.hpp). Asynchronous: no host sync. */
@@ -199,7 +319,7 @@ inline void chain_speculative_sampling(tvm::ffi::TensorView out_tokens, tvm::ffi
   const auto a = speculative::VerifyChain<kDLCUDA>(out_tokens, out_accepted, draft_probs, draft_token_ids,
                                                    target_probs, uniforms, error);
   if (a.empty()) return;
-  const int64_t chunk = std::max<int64_t>(128, host::div_ceil(host::div_ceil(a.vocab, int64_t{kMaxChunks}), 32) * 32);
+  const int64_t chunk = DrawChunk(a.vocab);
   const int64_t num_chunks = host::div_ceil(a.vocab, chunk);
   const int64_t grid = std::min<int64_t>(a.batch, int64_t{host::MultiProcessorCount(a.device.device_id)} * 8);
   host::DispatchIndex(a.id_dtype, [&]<typename IdT>() {
@@ -209,6 +329,33 @@ inline void chain_speculative_sampling(tvm::ffi::TensorView out_tokens, tvm::ffi
                             data_ptr<const float>(draft_probs), data_ptr<const IdT>(draft_token_ids),
                             data_ptr<const float>(target_probs), data_ptr<const float>(uniforms), a, chunk,
                             num_chunks, data_ptr<int64_t>(error));
+    });
+  });
+}
+
+/*! \brief Tree verification (arguments: speculative.hpp). Asynchronous: no host sync. */
+inline void tree_speculative_verify(tvm::ffi::TensorView accepted_index, tvm::ffi::TensorView accepted_tokens,
+                                    tvm::ffi::TensorView accepted_length, tvm::ffi::TensorView candidates,
+                                    tvm::ffi::TensorView retrieve_index, tvm::ffi::TensorView next_token,
+                                    tvm::ffi::TensorView next_sibling, tvm::ffi::TensorView target,
+                                    tvm::ffi::TensorView uniforms, bool greedy, tvm::ffi::TensorView error) {
+  using host::data_ptr;
+  using namespace speculative_detail;  // NOLINT(*)
+  const auto a = speculative::VerifyTree<kDLCUDA>(accepted_index, accepted_tokens, accepted_length, candidates,
+                                                  retrieve_index, next_token, next_sibling, target, uniforms, greedy,
+                                                  error);
+  if (a.empty()) return;
+  const int64_t chunk = DrawChunk(a.vocab);
+  const int64_t grid = std::min<int64_t>(a.batch, int64_t{host::MultiProcessorCount(a.device.device_id)} * 8);
+  host::DispatchFloat<kDLCUDA>(a.target_dtype, [&]<typename T>() {
+    host::DispatchIndex(a.id_dtype, [&]<typename IdT>() {
+      host::LaunchKernel(grid, kThreads, a.device)
+          .enable_pdl(true)(TreeKernel<T, IdT>, data_ptr<IdT>(accepted_index), data_ptr<IdT>(accepted_tokens),
+                            data_ptr<IdT>(accepted_length), data_ptr<const IdT>(candidates),
+                            data_ptr<const IdT>(retrieve_index), data_ptr<const IdT>(next_token),
+                            data_ptr<const IdT>(next_sibling), data_ptr<const T>(target),
+                            greedy ? nullptr : data_ptr<const float>(uniforms), a, chunk,
+                            host::div_ceil(a.vocab, chunk), data_ptr<int64_t>(error));
     });
   });
 }

@@ -1,7 +1,8 @@
 /*!
  * \file kernels/speculative/speculative.hpp
- * \brief The argument contract of chain_speculative_sampling and the arithmetic both devices
- * share (speculative.cpp, speculative.cuh), so the same uniforms give the same tokens on each.
+ * \brief The argument contracts of chain_speculative_sampling and tree_speculative_verify, and the
+ * arithmetic both devices share (speculative.cpp, speculative.cuh), so the same uniforms give the
+ * same tokens on each.
  *
  * draft_probs [batch, n, vocab] and target_probs [batch, n + 1, vocab]: float32, unit last
  * stride, any other strides; draft_token_ids [batch, n]: int32/int64, any strides; uniforms
@@ -20,6 +21,7 @@
 #include <tvm/ffi/container/tensor.h>
 
 #include <cstdint>
+#include <utility>
 
 #ifdef __CUDACC__
 #define MLLM_KERNEL_SPEC_HD __host__ __device__ __forceinline__
@@ -124,6 +126,81 @@ ChainArgs VerifyChain(tvm::ffi::TensorView out_tokens, tvm::ffi::TensorView out_
                    {error, "error"}});
   return {id_dtype.unwrap(), accepted_dtype.unwrap(), device.unwrap(), batch.unwrap(), n.unwrap(), vocab.unwrap(),
           dsb.unwrap(),      dsn.unwrap(),            tsb.unwrap(),    tsn.unwrap(),   isb.unwrap(), isn.unwrap()};
+}
+
+/*! \brief A verified tree_speculative_verify call. target's rows are target_stride apart. */
+struct TreeArgs {
+  DLDataType id_dtype, target_dtype;
+  DLDevice device;
+  int64_t batch, num_nodes, target_rows, vocab, target_stride, out_width;
+  bool greedy;
+  bool empty() const { return batch == 0; }
+};
+
+/*! \brief tree_speculative_verify(accepted_index, accepted_tokens, accepted_length, candidates,
+ *  retrieve_index, next_token, next_sibling, target, uniforms, greedy, error).
+ *
+ * candidates, retrieve_index, next_token, next_sibling: [batch, D] int32/int64, contiguous;
+ * target: [rows, vocab] float32/float16/bfloat16 (probs; logits too when greedy), unit last
+ * stride; uniforms: float32 [batch, D] (read only when !greedy); accepted_index / accepted_tokens
+ * [batch, W] and accepted_length [batch]: the ids' dtype, contiguous, written; W - 1 is the
+ * deepest path followed. */
+template <DLDeviceType kDev>
+TreeArgs VerifyTree(tvm::ffi::TensorView accepted_index, tvm::ffi::TensorView accepted_tokens,
+                    tvm::ffi::TensorView accepted_length, tvm::ffi::TensorView candidates,
+                    tvm::ffi::TensorView retrieve_index, tvm::ffi::TensorView next_token,
+                    tvm::ffi::TensorView next_sibling, tvm::ffi::TensorView target, tvm::ffi::TensorView uniforms,
+                    bool greedy, tvm::ffi::TensorView error) {
+  using namespace mllm_kernel::host;  // NOLINT(*)
+  constexpr const char* op = "tree_speculative_verify";
+  SymbolicSize batch{"batch"}, nodes{"num_nodes"}, rows{"target_rows"}, vocab{"vocab"}, stride{"target_row_stride"};
+  SymbolicSize width{"max_depth + 1"};
+  SymbolicDType id_dtype, target_dtype;
+  SymbolicDevice device{"device"};
+  TensorMatcher({batch, nodes})
+      .for_op(op)
+      .with_dtype<int32_t, int64_t>(id_dtype)
+      .with_device<kDev>(device)
+      .verify(candidates, "candidates");
+  for (auto [t, name] : {std::pair{retrieve_index, "retrieve_index"}, {next_token, "next_token"},
+                         {next_sibling, "next_sibling"}}) {
+    TensorMatcher({batch, nodes}).for_op(op).with_dtype(id_dtype).with_device(device).verify(t, name);
+  }
+  ValueCheck(nodes.unwrap() > 0, op, ": argument 'candidates': a tree needs its root node (num_nodes > 0)");
+  TensorMatcher({rows, vocab})
+      .for_op(op)
+      .with_dtype<float, float16_tag, bfloat16_tag>(target_dtype)
+      .with_device(device)
+      .with_strides({stride, 1})
+      .verify(target, "target");
+  ValueCheck(vocab.unwrap() > 0, op, ": argument 'target': the vocab dim must be non-empty");
+  if (!greedy) {
+    TensorMatcher({batch, nodes}).for_op(op).with_dtype<float>().with_device(device).verify(uniforms, "uniforms");
+  }
+  TensorMatcher({batch, width}).for_op(op).with_dtype(id_dtype).with_device(device).verify(accepted_index,
+                                                                                          "accepted_index");
+  ValueCheck(width.unwrap() > 0, op, ": argument 'accepted_index': needs room for the root (max_depth >= 0)");
+  TensorMatcher({batch, width}).for_op(op).with_dtype(id_dtype).with_device(device).verify(accepted_tokens,
+                                                                                           "accepted_token_ids");
+  TensorMatcher({batch}).for_op(op).with_dtype(id_dtype).with_device(device).verify(accepted_length,
+                                                                                    "accepted_length");
+  if constexpr (kDev == kDLCUDA) {
+    TensorMatcher({3}).for_op(op).with_dtype<int64_t>().with_device(device).verify(error, "error");
+    ValueCheck(vocab.unwrap() <= 0x7fffffff, op, ": vocab ", vocab.unwrap(), " is over 2^31 - 1 on CUDA");
+  }
+  CheckNoAliasing(op,
+                  {{accepted_index, "accepted_index"},
+                   {accepted_tokens, "accepted_token_ids"},
+                   {accepted_length, "accepted_length"}},
+                  {{candidates, "candidates"},
+                   {retrieve_index, "retrieve_index"},
+                   {next_token, "next_token"},
+                   {next_sibling, "next_sibling"},
+                   {target, "target"},
+                   {uniforms, "uniforms"},
+                   {error, "error"}});
+  return {id_dtype.unwrap(), target_dtype.unwrap(), device.unwrap(), batch.unwrap(), nodes.unwrap(),
+          rows.unwrap(),     vocab.unwrap(),        stride.unwrap(), width.unwrap(), greedy};
 }
 
 }  // namespace mllm_kernel::speculative

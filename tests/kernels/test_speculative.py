@@ -243,3 +243,226 @@ def test_cuda_graph_replay():
     torch.cuda.synchronize()
     want_out, want_acc = reference(q, ids, p, u)
     assert torch.equal(out.cpu(), want_out) and torch.equal(acc.cpu(), want_acc)
+
+
+# ----------------------------------------------------------------------------- trees
+
+from mllm_kernel.kernels.speculative import (  # noqa: E402
+    build_tree_attention_mask,
+    tree_from_parents,
+    tree_speculative_verify,
+)
+
+
+def random_parents(batch, nodes, max_children=4, max_depth=8):
+    """Parent lists in topological order with bounded branching and depth."""
+    parents = torch.full((batch, nodes), -1, dtype=torch.int64)
+    for b in range(batch):
+        depth, children = [0], [0] * nodes
+        for i in range(1, nodes):
+            options = [j for j in range(i) if children[j] < max_children and depth[j] < max_depth]
+            j = options[torch.randint(len(options), ()).item()]
+            parents[b, i] = j
+            children[j] += 1
+            depth.append(depth[j] + 1)
+    return parents
+
+
+def plain_lists(parents):
+    """first child / next sibling by a plain loop over the parents (children in index order)."""
+    batch, nodes = parents.shape
+    first = [[-1] * nodes for _ in range(batch)]
+    sibling = [[-1] * nodes for _ in range(batch)]
+    for b in range(batch):
+        last = {}
+        for i in range(1, nodes):
+            p = int(parents[b, i])
+            if first[b][p] == -1:
+                first[b][p] = i
+            else:
+                sibling[b][last[p]] = i
+            last[p] = i
+    return torch.tensor(first), torch.tensor(sibling)
+
+
+def walk(candidates, first, sibling, rows, pick, width):
+    """The documented walk of one request: pick(row) is the target's token at a node."""
+    path, tokens, cur = [0], [], 0
+    while True:
+        token = pick(rows[cur], cur)
+        if len(path) >= width:
+            break
+        c, nxt = first[cur], -1
+        while c != -1:
+            if candidates[c] == token:
+                nxt = c
+                break
+            c = sibling[c]
+        if nxt < 0:
+            break
+        path.append(nxt)
+        tokens.append(token)
+        cur = nxt
+    tokens.append(token)
+    pad = [-1] * (width - len(path))
+    return path + pad, tokens + pad, len(path) - 1
+
+
+def test_tree_from_parents_matches_plain_loop():
+    seed("tree-lists")
+    parents = random_parents(5, 26)
+    tokens = torch.randint(0, 100, (5, 26), dtype=torch.int32)
+    candidates, retrieve, first, sibling = tree_from_parents(parents, tokens)
+    want_first, want_sibling = plain_lists(parents)
+    assert torch.equal(first.long(), want_first) and torch.equal(sibling.long(), want_sibling)
+    assert torch.equal(candidates, tokens) and candidates.dtype == torch.int32
+    assert torch.equal(retrieve.long(), torch.arange(5 * 26).view(5, 26))
+    with pytest.raises(ValueError, match="topological"):
+        tree_from_parents(torch.tensor([[-1, 0, 3, 1]]), torch.zeros(1, 4, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("nodes", [1, 2, 8, 26, 63])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_tree_verify_matches_walk(device, nodes, greedy):
+    seed("tree", device, nodes, greedy)
+    batch, vocab = 6, 50
+    parents = random_parents(batch, nodes)
+    probs = random_probs(batch, nodes, vocab, sharp=1.0)
+    # A child carries its parent's argmax or a draw from its parent's row: paths get long, and
+    # siblings sometimes repeat a token.
+    tokens = torch.zeros(batch, nodes, dtype=torch.int64)
+    for b in range(batch):
+        for i in range(1, nodes):
+            p = int(parents[b, i])
+            tokens[b, i] = probs[b, p].argmax() if torch.rand(()) < 0.5 else torch.multinomial(probs[b, p], 1)
+    candidates, retrieve, first, sibling = tree_from_parents(parents, tokens)
+    u = torch.rand(batch, nodes)
+    if greedy:
+        got = tree_speculative_verify(*(t.to(device) for t in (candidates, retrieve, first, sibling)),
+                                      target_logits=torch.log(probs).to(device), greedy=True)
+    else:
+        got = tree_speculative_verify(*(t.to(device) for t in (candidates, retrieve, first, sibling)), probs.to(device),
+                                      greedy=False, uniforms=u.to(device))
+    for b in range(batch):
+        if greedy:
+            pick = lambda row, cur: int(row.argmax())  # noqa: E731
+        else:
+            pick = lambda row, cur, b=b: max(draw([weight(v) for v in row.tolist()], u[b, cur]), 0)  # noqa: E731
+        path, toks, length = walk(tokens[b].tolist(), first[b].tolist(), sibling[b].tolist(), probs[b], pick, nodes)
+        assert got[0][b].tolist() == path and got[1][b].tolist() == toks and got[2][b].item() == length, b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_distribution(device):
+    """Whatever the tree, the first emitted token follows the root's target distribution, and
+    the one after an accepted child its row's (chi-square, 200k requests)."""
+    seed("tree-distribution", device)
+    batch, vocab = 200_000, 8
+    parents = torch.tensor([[-1, 0, 0, 0, 1, 1, 2]]).expand(batch, 7)
+    tokens = torch.tensor([[0, 2, 5, 2, 1, 7, 0]]).expand(batch, 7)  # siblings 1 and 3 share token 2
+    candidates, retrieve, first, sibling = tree_from_parents(parents, tokens)
+    rows = random_probs(1, 7, vocab, sharp=1.2)
+    rows[0, 0, 5] = 0.0  # the root's target never emits token 5: child 2 is never accepted
+    rows[0, 0] /= rows[0, 0].sum()
+    probs = rows.expand(batch, 7, vocab).reshape(batch * 7, vocab)
+    gen = torch.Generator(device=device).manual_seed(11)
+    index, toks, length = tree_speculative_verify(*(t.to(device) for t in (candidates, retrieve, first, sibling)),
+                                                  probs.to(device), greedy=False, generator=gen)
+    index, toks, length = index.cpu(), toks.cpu(), length.cpu()
+    critical = 24.32  # 7 degrees of freedom, p = 0.001
+    for rows_mask, node, position in [(torch.ones(batch, dtype=torch.bool), 0, 0),
+                                      (index[:, 1] == 1, 1, 1)]:
+        observed = torch.bincount(toks[rows_mask, position], minlength=vocab).double()
+        expected = rows[0, node].double() * rows_mask.sum()
+        assert observed[expected == 0].sum() == 0
+        keep = expected > 0
+        chi2 = float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+        assert chi2 < critical, f"node {node}: chi-square {chi2:.1f}"
+    assert not (index == 2).any() and not (index == 3).any()  # token 2 goes to child 1, the first sibling
+
+
+def test_tree_cpu_bad_inputs_write_nothing():
+    parents = torch.tensor([[-1, 0, 0, 1]])
+    candidates, retrieve, first, sibling = tree_from_parents(parents, torch.tensor([[0, 1, 2, 3]]))
+    probs = random_probs(4, 10)
+    cases = [
+        (dict(next_token=torch.tensor([[1, 4, -1, -1]])), "next_token\\[0, 1\\] = 4"),
+        (dict(next_sibling=torch.tensor([[-1, 2, 0, -1]])), "next_sibling\\[0, 2\\] = 0"),
+        (dict(next_sibling=torch.tensor([[-1, 2, 1, -1]])), "reached twice"),
+        (dict(retrieve_index=torch.tensor([[0, 1, 2, 4]])), "retrieve_index\\[0, 3\\] = 4"),
+        (dict(uniforms=torch.tensor([[0.5, 1.0, 0.1, 0.1]])), "uniforms\\[0, 1\\]"),
+        (dict(candidates=candidates.int()), "retrieve_index"),
+    ]
+    for change, message in cases:
+        args = dict(candidates=candidates, retrieve_index=retrieve, next_token=first, next_sibling=sibling,
+                    uniforms=torch.rand(1, 4))
+        args.update(change)
+        with pytest.raises((ValueError, TypeError), match=message):
+            tree_speculative_verify(args["candidates"], args["retrieve_index"], args["next_token"],
+                                    args["next_sibling"], probs, greedy=False, uniforms=args["uniforms"])
+    with pytest.raises(ValueError, match="target_logits"):
+        tree_speculative_verify(candidates, retrieve, first, sibling, target_logits=probs, greedy=False)
+    with pytest.raises(ValueError, match="exactly one"):
+        tree_speculative_verify(candidates, retrieve, first, sibling, greedy=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_max_depth_caps_the_path(device):
+    parents = torch.tensor([[-1, 0, 1, 2]])
+    probs = torch.zeros(4, 5)
+    probs[0, 1] = probs[1, 2] = probs[2, 3] = probs[3, 4] = 1.0
+    lists = tree_from_parents(parents, torch.tensor([[0, 1, 2, 3]]))
+    index, toks, length = tree_speculative_verify(*(t.to(device) for t in lists), probs.to(device), greedy=True,
+                                                  max_depth=2)
+    assert index.tolist() == [[0, 1, 2]] and toks.tolist() == [[1, 2, 3]] and length.tolist() == [2]
+    index, toks, length = tree_speculative_verify(*(t.to(device) for t in lists), probs.to(device), greedy=True)
+    assert index.tolist() == [[0, 1, 2, 3]] and toks.tolist() == [[1, 2, 3, 4]] and length.tolist() == [3]
+
+
+@cuda_only
+def test_tree_cuda_bad_link_recorded():
+    pop_speculative_error()
+    candidates = torch.tensor([[0, 1, 2, 3]], device="cuda")
+    retrieve = torch.arange(4, device="cuda").view(1, 4)
+    first = torch.tensor([[1, 7, -1, -1]], device="cuda")  # node 1 links to 7: out of range
+    sibling = torch.full((1, 4), -1, device="cuda")
+    probs = torch.zeros(4, 5, device="cuda")
+    probs[:, 1] = 1.0
+    with pytest.raises(ValueError, match=r"node \(flattened\)\[1\] links to 7"):
+        tree_speculative_verify(candidates, retrieve, first, sibling, probs, greedy=True)
+    index, toks, length = tree_speculative_verify(candidates, retrieve, first, sibling, probs, greedy=True,
+                                                  check=False)
+    assert index.tolist() == [[0, 1, -1, -1]] and toks.tolist() == [[1, 1, -1, -1]] and length.tolist() == [1]
+    assert pop_speculative_error() == ("tree_speculative_verify", 1, 7)
+
+
+def plain_mask(parents, prefix_lens):
+    rows = []
+    positions = []
+    for b in range(parents.shape[0]):
+        nodes = parents.shape[1]
+        prefix = int(prefix_lens[b])
+        pos = []
+        for i in range(nodes):
+            seen, j, depth = set(), i, 0
+            while j != -1:
+                seen.add(j)
+                j = int(parents[b, j])
+                depth += j != -1
+            rows += [True] * prefix + [k in seen for k in range(nodes)]
+            pos.append(prefix + depth)
+        positions.append(pos)
+    return torch.tensor(rows, dtype=torch.bool), torch.tensor(positions)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_attention_mask(device):
+    seed("mask", device)
+    parents = random_parents(3, 26)
+    prefix_lens = torch.tensor([0, 5, 17])
+    want_mask, want_pos = plain_mask(parents, prefix_lens)
+    mask, pos = build_tree_attention_mask(parents.to(device), prefix_lens.to(device))
+    assert mask.dtype == torch.bool and torch.equal(mask.cpu(), want_mask) and torch.equal(pos.cpu(), want_pos)
+    mask, _ = build_tree_attention_mask(parents.to(device), prefix_lens.to(device), mask_numel=want_mask.numel())
+    assert torch.equal(mask.cpu(), want_mask)

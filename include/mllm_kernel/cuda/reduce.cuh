@@ -1,12 +1,14 @@
 /*!
  * \file mllm_kernel/cuda/reduce.cuh
- * \brief Warp and block reductions (sum, max): every participating thread gets the result.
+ * \brief Warp and block reductions (sum, max) and the warp argmax: every participating thread
+ * gets the result.
  */
 #ifndef MLLM_KERNEL_CUDA_REDUCE_CUH_
 #define MLLM_KERNEL_CUDA_REDUCE_CUH_
 
 #include <mllm_kernel/cuda/types.cuh>
 
+#include <cstdint>
 #include <type_traits>
 
 namespace mllm_kernel::device {
@@ -97,6 +99,32 @@ __device__ __forceinline__ T block_reduce_sum(T value) {
 template <typename T>
 __device__ __forceinline__ T block_reduce_max(T value) {
   return detail::block_reduce<true>(value);
+}
+
+/*! \brief An argmax candidate: a value and its index. */
+struct ArgMax {
+  float v;
+  int64_t i;
+};
+
+/*! \brief Whether (va, ia) is preferred to (vb, ib) as argmax: NaN first (like torch.argmax), then
+ *  the larger value, then the smaller index. */
+__device__ __forceinline__ bool argmax_better(float va, int64_t ia, float vb, int64_t ib) {
+  const bool na = isnan(va), nb = isnan(vb);
+  if (na != nb) return na;
+  if (!na && va != vb) return va > vb;
+  return ia < ib;
+}
+
+/*! \brief The preferred candidate of a warp (argmax_better); every lane gets it. All lanes must call. */
+__device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
+#pragma unroll
+  for (int offset = kWarpThreads / 2; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(kFullMask, a.v, offset);
+    const int64_t i = __shfl_xor_sync(kFullMask, a.i, offset);
+    if (argmax_better(v, i, a.v, a.i)) a = {v, i};
+  }
+  return a;
 }
 
 }  // namespace mllm_kernel::device
