@@ -37,8 +37,15 @@ struct RowPenalties {
 
   /*! \brief The penalized logit of a token seen `count` > 0 times (float32 math, as on both devices). */
   MLLM_KERNEL_PENALTIES_HD float Apply(float x, float count) const {
+#ifdef __CUDA_ARCH__
+    // Each operation rounded on its own: nvcc would fuse a multiply with an add into an FMA (one
+    // rounding fewer than the CPU build, which targets baseline x86-64), and the devices must agree.
+    x = x > 0.0f ? __fdiv_rn(x, repetition) : __fmul_rn(x, repetition);
+    return __fsub_rn(x, __fadd_rn(__fmul_rn(frequency, count), presence));
+#else
     x = x > 0.0f ? x / repetition : x * repetition;
     return x - (frequency * count + presence);
+#endif
   }
 
   /*! \brief CUDA cannot raise on device values: a bad one acts as its no-op value. */

@@ -220,7 +220,7 @@ def test_cuda_bad_draft_id_recorded():
         chain_speculative_sampling(q, ids, p, uniforms=torch.zeros(2, 3, device="cuda"))
     out, acc = chain_speculative_sampling(q, ids, p, uniforms=torch.zeros(2, 3, device="cuda"), check=False)
     assert acc[1].item() == 0 and out[1, 1:].tolist() == [-1, -1]  # rejected at the bad id
-    assert pop_speculative_error() == (2, 12)
+    assert pop_speculative_error() == ("chain_speculative_sampling", 2, 12)
 
 
 @cuda_only
