@@ -41,8 +41,9 @@ namespace speculative_detail {
 
 using speculative::ChainArgs;
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 1024;  // more loads in flight for one row: 2x faster than 512 at batch 1 (H100)
 constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = 128;       // tokens per chunk sum (4 per lane of a warp)
 constexpr int kMaxChunks = 2048;  // 16 KiB of chunk sums; longer rows get wider chunks
 
 __device__ __forceinline__ uint64_t WarpInclusiveScan(uint64_t v) {
@@ -98,12 +99,28 @@ template <typename Weights>
 __device__ int64_t BlockDraw(const Weights& w, int64_t vocab, int64_t chunk, int64_t num_chunks, float u,
                              uint64_t* chunk_sums, uint64_t* warp_totals, int64_t* found) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int64_t c = warp; c < num_chunks; c += kWarps) {  // 1. chunk sums
-    const int64_t first = c * chunk, last = min(first + chunk, vocab);
-    uint64_t sum = 0;
-    for (int64_t i = first + lane; i < last; i += 32) sum += w(i);
-    sum = device::warp_reduce_sum(sum);
-    if (lane == 0) chunk_sums[c] = sum;
+  if (chunk == kChunk) {  // 1. chunk sums; 4 chunks per warp step: 16 loads in flight per lane
+    for (int64_t c0 = warp * 4; c0 < num_chunks; c0 += kWarps * 4) {
+      uint64_t sum[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int64_t i = c0 * kChunk + lane + 32 * j;
+        if (i < vocab) sum[j / 4] += w(i);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        sum[k] = device::warp_reduce_sum(sum[k]);
+        if (lane == 0 && c0 + k < num_chunks) chunk_sums[c0 + k] = sum[k];
+      }
+    }
+  } else {  // rows over kMaxChunks * kChunk tokens: wider chunks
+    for (int64_t c = warp; c < num_chunks; c += kWarps) {
+      const int64_t first = c * chunk, last = min(first + chunk, vocab);
+      uint64_t sum = 0;
+      for (int64_t i = first + lane; i < last; i += 32) sum += w(i);
+      sum = device::warp_reduce_sum(sum);
+      if (lane == 0) chunk_sums[c] = sum;
+    }
   }
   __syncthreads();
   // 2. each thread owns a contiguous run of chunks; a block scan orders the runs.
@@ -304,7 +321,7 @@ __global__ void __launch_bounds__(kThreads)
 /*! \brief The chunk width of BlockDraw's sums for a row of `vocab` tokens (a multiple of 32, at
  *  least 128, at most kMaxChunks chunks). */
 inline int64_t DrawChunk(int64_t vocab) {
-  return std::max<int64_t>(128, host::div_ceil(host::div_ceil(vocab, int64_t{kMaxChunks}), 32) * 32);
+  return std::max<int64_t>(kChunk, host::div_ceil(host::div_ceil(vocab, int64_t{kMaxChunks}), 32) * 32);
 }
 
 }  // namespace speculative_detail

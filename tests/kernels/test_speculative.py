@@ -86,7 +86,8 @@ def sample_drafts(q: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("batch,n,vocab", [(1, 1, 1), (3, 1, 5), (7, 3, 1000), (4, 7, 32001), (2, 2, 151936)])
+@pytest.mark.parametrize("batch,n,vocab", [(1, 1, 1), (3, 1, 5), (7, 3, 1000), (4, 7, 32001), (2, 2, 151936),
+                                          (1, 1, 300_001)])  # the last: wider chunks on CUDA
 def test_matches_rule(device, id_dtype, batch, n, vocab):
     seed(device, id_dtype, batch, n, vocab)
     q = random_probs(batch, n, vocab, zeros=0.3)
