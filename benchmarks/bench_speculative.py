@@ -2,7 +2,7 @@
 
     python3 benchmarks/bench_speculative.py [--device cuda|cpu] [--batches 1,16,64] [--drafts 1,3,7]
                                             [--vocabs 32000,151936] [--iters 30] [--json PATH]
-                                            [--ops chain,penalties]
+                                            [--ops chain,tree,penalties]
 
 From the repository root it measures the checkout's mllm_kernel; copy it (with gpu_timing.py) out
 of the checkout to measure an installed wheel. FlashInfer is optional.
@@ -14,6 +14,12 @@ of the checkout to measure an installed wheel. FlashInfer is optional.
   first rejection by argmax, the residual row, cumsum and searchsorted). Before timing, the
   accepted counts of ours and eager must be equal for the same uniforms (the accept test is
   the same float32 comparison), and ours must equal the CPU kernel's tokens.
+- tree: tree_speculative_verify, greedy, over bfloat16 target logits [B * D, V], for random trees of D
+  = 8, 26, 63 nodes (at most 4 children a node); each child carries its parent row's argmax with
+  probability 0.7, so paths run deep (our walk reads one row per accepted level, in sequence).
+  SGLang verifies a tree with one thread per request after torch takes the argmax of every node's
+  row; the "all-rows argmax" column times that argmax alone (torch.argmax over B * D rows), a lower
+  bound of its cost. Before timing, ours must equal a plain Python walk over those argmaxes.
 - penalties: apply_penalties from token ids [B, L] (repetition 1.1, frequency 0.3, presence 0.4)
   against torch (scatter_add counts, then masked arithmetic over the row; the way engines do it
   without a kernel). In place on both sides, so values drift over replays: checked in the tests.
@@ -45,7 +51,11 @@ from mllm_kernel.kernels.penalties.cases import (  # noqa: E402
     REPETITION,
     eager_penalties_from_ids,
 )
-from mllm_kernel.kernels.speculative import chain_speculative_sampling  # noqa: E402
+from mllm_kernel.kernels.speculative import (  # noqa: E402
+    chain_speculative_sampling,
+    tree_from_parents,
+    tree_speculative_verify,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -142,6 +152,64 @@ def bench_chain(batch, n, vocab, device, iters) -> dict:
     return row
 
 
+def random_tree(batch, nodes, vocab, logits, gen_cpu):
+    """Parents (at most 4 children each, topological order) and tokens: a child carries its
+    parent row's argmax with probability 0.7, else a random token."""
+    parents = torch.full((batch, nodes), -1, dtype=torch.int64)
+    tokens = torch.zeros(batch, nodes, dtype=torch.int64)
+    best = logits.view(batch, nodes, vocab).argmax(-1).cpu()
+    for b in range(batch):
+        children = [0] * nodes
+        for i in range(1, nodes):
+            options = [j for j in range(i) if children[j] < 4]
+            j = options[int(torch.randint(len(options), (), generator=gen_cpu))]
+            parents[b, i], children[j] = j, children[j] + 1
+            hit = torch.rand((), generator=gen_cpu) < 0.7
+            tokens[b, i] = best[b, j] if hit else torch.randint(vocab, (), generator=gen_cpu)
+    return parents, tokens
+
+
+def plain_greedy_walk(lists, best):
+    candidates, _, first, sibling = (t.cpu().tolist() for t in lists)
+    lengths = []
+    for b, row_best in enumerate(best.cpu().tolist()):
+        cur, depth = 0, 0
+        while True:
+            c, nxt = first[b][cur], -1
+            while c != -1:
+                if candidates[b][c] == row_best[cur]:
+                    nxt = c
+                    break
+                c = sibling[b][c]
+            if nxt < 0:
+                break
+            cur, depth = nxt, depth + 1
+        lengths.append(depth)
+    return lengths
+
+
+def bench_tree(batch, nodes, vocab, device, iters) -> dict:
+    gen = torch.Generator(device=device).manual_seed(batch * 7 + nodes + vocab)
+    gen_cpu = torch.Generator().manual_seed(batch + nodes)
+    sets = []
+    for _ in range(num_sets(device, batch * nodes * vocab * 2)):
+        logits = (torch.randn(batch * nodes, vocab, device=device, generator=gen) * 3).to(torch.bfloat16)
+        parents, tokens = random_tree(batch, nodes, vocab, logits, gen_cpu)
+        sets.append((logits, tuple(t.to(device) for t in tree_from_parents(parents, tokens))))
+    logits, lists = sets[0]
+    index, toks, length = tree_speculative_verify(*lists, target_logits=logits, greedy=True)
+    want = plain_greedy_walk(lists, logits.view(batch, nodes, vocab).argmax(-1))
+    if length.cpu().tolist() != want:
+        raise AssertionError("tree: accepted lengths differ from a plain walk")
+    time_it = timer(device, iters)
+    row = {"op": "tree_speculative_verify", "batch": batch, "nodes": nodes, "vocab": vocab,
+           "accepted_mean": float(length.float().mean())}
+    row["ours_us"], row["ours_how"] = time_it(
+        [(lambda s=s: tree_speculative_verify(*s[1], target_logits=s[0], greedy=True, check=False)) for s in sets])
+    row["argmax_all_us"], _ = time_it([(lambda s=s: s[0].argmax(-1)) for s in sets])
+    return row
+
+
 def bench_penalties(batch, vocab, num_ids, dtype, device, iters) -> dict:
     gen = torch.Generator(device=device).manual_seed(batch + vocab + num_ids)
     logits = (torch.randn(batch, vocab, device=device, generator=gen) * 3).to(dtype)
@@ -159,7 +227,7 @@ def bench_penalties(batch, vocab, num_ids, dtype, device, iters) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--ops", default="chain,penalties")
+    ap.add_argument("--ops", default="chain,tree,penalties")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--drafts", default="1,3,7")
     ap.add_argument("--vocabs", default="32000,151936")
@@ -186,6 +254,15 @@ def main() -> None:
                           f"{fi if fi is None else round(fi, 1)!s:>9} {r['eager_us']:>9.1f} "
                           f"{vs_fi:>6} "
                           f"{r['eager_us'] / r['ours_us']:>7.2f}x", flush=True)
+    if "tree" in ops:
+        print(f"\n{'batch':>5} {'nodes':>5} {'vocab':>7} {'acc':>5} {'ours us':>9} {'all-rows argmax us':>19} {'ratio':>6}")
+        for batch in batches:
+            for nodes in (8, 26, 63):
+                for vocab in vocabs:
+                    r = bench_tree(batch, nodes, vocab, args.device, args.iters)
+                    rows.append(r)
+                    print(f"{batch:>5} {nodes:>5} {vocab:>7} {r['accepted_mean']:>5.2f} {r['ours_us']:>9.1f} "
+                          f"{r['argmax_all_us']:>19.1f} {r['argmax_all_us'] / r['ours_us']:>5.2f}x", flush=True)
     if "penalties" in ops:
         print(f"\n{'batch':>5} {'vocab':>7} {'ids':>5} {'dtype':>8} {'ours us':>9} {'eager us':>9} {'vs eager':>8}")
         for batch in batches:
