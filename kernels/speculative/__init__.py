@@ -187,9 +187,10 @@ def _tree(
     check: bool,
 ) -> None:
     device = candidates.device
+    picks = torch.empty(candidates.numel() if device.type == "cuda" else 0, dtype=torch.int64, device=device)
     _modules[device.type].tree_speculative_verify(accepted_index, accepted_token_ids, accepted_length, candidates,
                                                   retrieve_index, next_token, next_sibling, target, uniforms, greedy,
-                                                  _tree_errors[device])
+                                                  picks, _tree_errors[device])
     if check:
         _tree_errors.raise_recorded(device)
 

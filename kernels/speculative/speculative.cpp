@@ -204,17 +204,19 @@ inline void chain_speculative_sampling(tvm::ffi::TensorView out_tokens, tvm::ffi
 
 /*!
  * \brief Tree verification (arguments: speculative.hpp). A malformed tree, a row index out of
- * range or a uniform outside [0, 1) raises ValueError before any write; error is ignored.
+ * range or a uniform outside [0, 1) raises ValueError before any write; workspace and error (CUDA's)
+ * are ignored.
  */
 inline void tree_speculative_verify(tvm::ffi::TensorView accepted_index, tvm::ffi::TensorView accepted_tokens,
                                     tvm::ffi::TensorView accepted_length, tvm::ffi::TensorView candidates,
                                     tvm::ffi::TensorView retrieve_index, tvm::ffi::TensorView next_token,
                                     tvm::ffi::TensorView next_sibling, tvm::ffi::TensorView target,
-                                    tvm::ffi::TensorView uniforms, bool greedy, tvm::ffi::TensorView error) {
+                                    tvm::ffi::TensorView uniforms, bool greedy, tvm::ffi::TensorView workspace,
+                                    tvm::ffi::TensorView error) {
   using host::data_ptr;
   const auto a = speculative::VerifyTree<kDLCPU>(accepted_index, accepted_tokens, accepted_length, candidates,
                                                  retrieve_index, next_token, next_sibling, target, uniforms, greedy,
-                                                 error);
+                                                 workspace, error);
   if (a.empty()) return;
   host::DispatchFloat<kDLCPU>(a.target_dtype, [&]<typename T>() {
     host::DispatchIndex(a.id_dtype, [&]<typename IdT>() {

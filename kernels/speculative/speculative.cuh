@@ -12,10 +12,11 @@
  * So the row is read once, plus one chunk. Integer sums make the token independent of the
  * order of additions: CPU and CUDA agree exactly.
  *
- * Tree verification walks each request's tree the same way, one block per request: at each node
- * on the path the block takes the row's argmax (greedy) or a draw with the node's uniform, and
- * thread 0 looks for the first child, in sibling order, that carries that token. Only the rows
- * of the path are read. Links out of range, a node reached twice on the path or a sibling chain
+ * Tree verification walks each request's tree, one block per request: at each node on the path the
+ * block takes the row's argmax (greedy) or a draw with the node's uniform, and thread 0 looks for
+ * the first child, in sibling order, that carries that token. Only the rows of the path are read,
+ * but one after the other; so when the batch's node rows are few for the GPU (<= 4 per SM), one
+ * kernel first picks at every node at once (a block per row) and a second one walks the picks. Links out of range, a node reached twice on the path or a sibling chain
  * longer than the tree (a cycle), and row indices out of range are recorded in `error` and end
  * the walk there (never read, never followed).
  *
@@ -216,10 +217,20 @@ __global__ void __launch_bounds__(kThreads)
 /*! \brief argmax of a row (device::argmax_better's order). Called by the whole block. */
 template <typename T>
 __device__ int64_t BlockArgMax(const T* row, int64_t vocab, device::ArgMax* partial) {
+  constexpr int kInFlight = 8;  // loads issued before any is compared: one row needs the bandwidth
   device::ArgMax best{-INFINITY, INT64_MAX};
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-    const float v = device::to_float(row[i]);
-    if (device::argmax_better(v, i, best.v, best.i)) best = {v, i};
+  for (int64_t base = threadIdx.x; base < vocab; base += kInFlight * kThreads) {
+    float v[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const int64_t i = base + k * kThreads;
+      v[k] = i < vocab ? device::to_float(row[i]) : -INFINITY;
+    }
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {  // in index order, so ties keep the first
+      const int64_t i = base + k * kThreads;
+      if (i < vocab && device::argmax_better(v[k], i, best.v, best.i)) best = {v[k], i};
+    }
   }
   best = device::warp_argmax(best);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -233,6 +244,40 @@ __device__ int64_t BlockArgMax(const T* row, int64_t vocab, device::ArgMax* part
   const int64_t result = partial[kWarps].i;
   __syncthreads();
   return result;
+}
+
+/*! \brief The token the target picks at a node: its row's argmax (greedy) or a draw with the
+ *  node's uniform (0 for a row without mass). Called by the whole block. */
+template <typename T>
+__device__ int64_t BlockPick(const T* row, const speculative::TreeArgs& a, float u, int64_t chunk,
+                             int64_t num_chunks, uint64_t* chunk_sums, uint64_t* warp_totals,
+                             device::ArgMax* partial, int64_t* found) {
+  if (a.greedy) return BlockArgMax(row, a.vocab, partial);
+  const int64_t token = BlockDraw(ProbWeights<T>{row}, a.vocab, chunk, num_chunks, u, chunk_sums, warp_totals, found);
+  return token < 0 ? 0 : token;
+}
+
+/*! \brief The parallel plan's first step: every node's pick, one block per node row. A row index
+ *  out of range gives -1 (the walk records it). */
+template <typename T, typename IdT>
+__global__ void __launch_bounds__(kThreads)
+    PickKernel(int64_t* __restrict__ picks, const IdT* __restrict__ retrieve, const T* __restrict__ target,
+               const float* __restrict__ uniforms, speculative::TreeArgs a, int64_t chunk, int64_t num_chunks) {
+  __shared__ uint64_t chunk_sums[kMaxChunks];
+  __shared__ uint64_t warp_totals[kWarps + 1];
+  __shared__ device::ArgMax partial[kWarps + 1];
+  __shared__ int64_t found;
+  device::pdl_wait_primary();
+  for (int64_t r = blockIdx.x; r < a.batch * a.num_nodes; r += gridDim.x) {
+    const auto row = static_cast<int64_t>(retrieve[r]);
+    int64_t token = -1;
+    if (row >= 0 && row < a.target_rows) {
+      token = BlockPick(target + row * a.target_stride, a, a.greedy ? 0.0f : uniforms[r], chunk, num_chunks,
+                        chunk_sums, warp_totals, partial, &found);
+    }
+    if (threadIdx.x == 0) picks[r] = token;
+  }
+  device::pdl_launch_dependents();
 }
 
 /*!
@@ -259,9 +304,9 @@ __device__ int64_t FindChild(const IdT* candidates, const IdT* next_token, const
   return -1;
 }
 
-template <typename T, typename IdT>
+template <typename T, typename IdT, bool kPicked>
 __global__ void __launch_bounds__(kThreads)
-    TreeKernel(IdT* __restrict__ acc_index, IdT* __restrict__ acc_tokens, IdT* __restrict__ acc_length,
+    TreeKernel(const int64_t* __restrict__ picks, IdT* __restrict__ acc_index, IdT* __restrict__ acc_tokens, IdT* __restrict__ acc_length,
                const IdT* __restrict__ candidates, const IdT* __restrict__ retrieve, const IdT* __restrict__ next_token,
                const IdT* __restrict__ next_sibling, const T* __restrict__ target, const float* __restrict__ uniforms,
                speculative::TreeArgs a, int64_t chunk, int64_t num_chunks, int64_t* error) {
@@ -284,16 +329,14 @@ __global__ void __launch_bounds__(kThreads)
         token = -1;
         break;
       }
-      const T* p = target + row * a.target_stride;
-      if (a.greedy) {
-        token = BlockArgMax(p, a.vocab, partial);
+      if constexpr (kPicked) {
+        token = picks[base + cur];
       } else {
-        token = BlockDraw(ProbWeights<T>{p}, a.vocab, chunk, num_chunks, uniforms[base + cur], chunk_sums,
-                          warp_totals, &shared[1]);
-        if (token < 0) token = 0;  // a row without mass
+        token = BlockPick(target + row * a.target_stride, a, a.greedy ? 0.0f : uniforms[base + cur], chunk,
+                          num_chunks, chunk_sums, warp_totals, partial, &shared[1]);
       }
       if (depth + 1 >= w) break;  // the deepest position: token is the bonus
-      if (threadIdx.x == 0) {
+      if (threadIdx.x == 0) {  // (the walk of the parallel plan runs one warp per request)
         shared[0] = FindChild(candidates + base, next_token + base, next_sibling + base, cur, token, index, depth, d,
                               base, error);
       }
@@ -355,24 +398,38 @@ inline void tree_speculative_verify(tvm::ffi::TensorView accepted_index, tvm::ff
                                     tvm::ffi::TensorView accepted_length, tvm::ffi::TensorView candidates,
                                     tvm::ffi::TensorView retrieve_index, tvm::ffi::TensorView next_token,
                                     tvm::ffi::TensorView next_sibling, tvm::ffi::TensorView target,
-                                    tvm::ffi::TensorView uniforms, bool greedy, tvm::ffi::TensorView error) {
+                                    tvm::ffi::TensorView uniforms, bool greedy, tvm::ffi::TensorView workspace,
+                                    tvm::ffi::TensorView error) {
   using host::data_ptr;
   using namespace speculative_detail;  // NOLINT(*)
   const auto a = speculative::VerifyTree<kDLCUDA>(accepted_index, accepted_tokens, accepted_length, candidates,
                                                   retrieve_index, next_token, next_sibling, target, uniforms, greedy,
-                                                  error);
+                                                  workspace, error);
   if (a.empty()) return;
-  const int64_t chunk = DrawChunk(a.vocab);
-  const int64_t grid = std::min<int64_t>(a.batch, int64_t{host::MultiProcessorCount(a.device.device_id)} * 8);
+  const int64_t chunk = DrawChunk(a.vocab), num_chunks = host::div_ceil(a.vocab, chunk);
+  const int64_t sms = host::MultiProcessorCount(a.device.device_id);
+  // The plan, from the shapes only. A walk reads one row per level, in sequence; when every SM has
+  // at most 4 node rows, picking at every node at once (then walking over the picks) is faster.
+  const bool parallel = a.batch * a.num_nodes <= 4 * sms;
   host::DispatchFloat<kDLCUDA>(a.target_dtype, [&]<typename T>() {
     host::DispatchIndex(a.id_dtype, [&]<typename IdT>() {
-      host::LaunchKernel(grid, kThreads, a.device)
-          .enable_pdl(true)(TreeKernel<T, IdT>, data_ptr<IdT>(accepted_index), data_ptr<IdT>(accepted_tokens),
-                            data_ptr<IdT>(accepted_length), data_ptr<const IdT>(candidates),
-                            data_ptr<const IdT>(retrieve_index), data_ptr<const IdT>(next_token),
-                            data_ptr<const IdT>(next_sibling), data_ptr<const T>(target),
-                            greedy ? nullptr : data_ptr<const float>(uniforms), a, chunk,
-                            host::div_ceil(a.vocab, chunk), data_ptr<int64_t>(error));
+      const float* u = greedy ? nullptr : data_ptr<const float>(uniforms);
+      const auto walk = [&](auto kernel, int threads) {
+        host::LaunchKernel(std::min(a.batch, sms * 8), threads, a.device)
+            .enable_pdl(true)(kernel, data_ptr<const int64_t>(workspace), data_ptr<IdT>(accepted_index),
+                              data_ptr<IdT>(accepted_tokens), data_ptr<IdT>(accepted_length),
+                              data_ptr<const IdT>(candidates), data_ptr<const IdT>(retrieve_index),
+                              data_ptr<const IdT>(next_token), data_ptr<const IdT>(next_sibling),
+                              data_ptr<const T>(target), u, a, chunk, num_chunks, data_ptr<int64_t>(error));
+      };
+      if (parallel) {
+        host::LaunchKernel(a.batch * a.num_nodes, kThreads, a.device)
+            .enable_pdl(true)(PickKernel<T, IdT>, data_ptr<int64_t>(workspace), data_ptr<const IdT>(retrieve_index),
+                              data_ptr<const T>(target), u, a, chunk, num_chunks);
+        walk(TreeKernel<T, IdT, true>, 32);
+      } else {
+        walk(TreeKernel<T, IdT, false>, kThreads);
+      }
     });
   });
 }

@@ -144,13 +144,13 @@ struct TreeArgs {
  * target: [rows, vocab] float32/float16/bfloat16 (probs; logits too when greedy), unit last
  * stride; uniforms: float32 [batch, D] (read only when !greedy); accepted_index / accepted_tokens
  * [batch, W] and accepted_length [batch]: the ids' dtype, contiguous, written; W - 1 is the
- * deepest path followed. */
+ * deepest path followed; workspace: int64 [batch * D], CUDA's per-node picks (ignored on the CPU). */
 template <DLDeviceType kDev>
 TreeArgs VerifyTree(tvm::ffi::TensorView accepted_index, tvm::ffi::TensorView accepted_tokens,
                     tvm::ffi::TensorView accepted_length, tvm::ffi::TensorView candidates,
                     tvm::ffi::TensorView retrieve_index, tvm::ffi::TensorView next_token,
                     tvm::ffi::TensorView next_sibling, tvm::ffi::TensorView target, tvm::ffi::TensorView uniforms,
-                    bool greedy, tvm::ffi::TensorView error) {
+                    bool greedy, tvm::ffi::TensorView workspace, tvm::ffi::TensorView error) {
   using namespace mllm_kernel::host;  // NOLINT(*)
   constexpr const char* op = "tree_speculative_verify";
   SymbolicSize batch{"batch"}, nodes{"num_nodes"}, rows{"target_rows"}, vocab{"vocab"}, stride{"target_row_stride"};
@@ -187,11 +187,15 @@ TreeArgs VerifyTree(tvm::ffi::TensorView accepted_index, tvm::ffi::TensorView ac
   if constexpr (kDev == kDLCUDA) {
     TensorMatcher({3}).for_op(op).with_dtype<int64_t>().with_device(device).verify(error, "error");
     ValueCheck(vocab.unwrap() <= 0x7fffffff, op, ": vocab ", vocab.unwrap(), " is over 2^31 - 1 on CUDA");
+    SymbolicSize all_nodes{"batch * num_nodes"};
+    all_nodes.set_value(batch.unwrap() * nodes.unwrap());
+    TensorMatcher({all_nodes}).for_op(op).with_dtype<int64_t>().with_device(device).verify(workspace, "workspace");
   }
   CheckNoAliasing(op,
                   {{accepted_index, "accepted_index"},
                    {accepted_tokens, "accepted_token_ids"},
-                   {accepted_length, "accepted_length"}},
+                   {accepted_length, "accepted_length"},
+                   {workspace, "workspace"}},
                   {{candidates, "candidates"},
                    {retrieve_index, "retrieve_index"},
                    {next_token, "next_token"},
