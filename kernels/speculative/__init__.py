@@ -187,7 +187,8 @@ def _tree(
     check: bool,
 ) -> None:
     device = candidates.device
-    picks = torch.empty(candidates.numel() if device.type == "cuda" else 0, dtype=torch.int64, device=device)
+    # CUDA's per-node picks: up to 16 slices of a row (speculative.cuh).
+    picks = torch.empty(candidates.numel() * 16 if device.type == "cuda" else 0, dtype=torch.int64, device=device)
     _modules[device.type].tree_speculative_verify(accepted_index, accepted_token_ids, accepted_length, candidates,
                                                   retrieve_index, next_token, next_sibling, target, uniforms, greedy,
                                                   picks, _tree_errors[device])

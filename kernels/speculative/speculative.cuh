@@ -214,22 +214,24 @@ __global__ void __launch_bounds__(kThreads)
   device::pdl_launch_dependents();
 }
 
-/*! \brief argmax of a row (device::argmax_better's order). Called by the whole block. */
-template <typename T>
-__device__ int64_t BlockArgMax(const T* row, int64_t vocab, device::ArgMax* partial) {
+/*! \brief argmax of row[begin, end) (device::argmax_better's order), as an index. Called by the
+ *  whole block of kBlock threads; `partial` holds kBlock / 32 + 1 candidates. */
+template <int kBlock, typename T>
+__device__ int64_t BlockArgMax(const T* row, int64_t begin, int64_t end, device::ArgMax* partial) {
   constexpr int kInFlight = 8;  // loads issued before any is compared: one row needs the bandwidth
+  constexpr int kBlockWarps = kBlock / 32;
   device::ArgMax best{-INFINITY, INT64_MAX};
-  for (int64_t base = threadIdx.x; base < vocab; base += kInFlight * kThreads) {
+  for (int64_t base = begin + threadIdx.x; base < end; base += kInFlight * kBlock) {
     float v[kInFlight];
 #pragma unroll
     for (int k = 0; k < kInFlight; ++k) {
-      const int64_t i = base + k * kThreads;
-      v[k] = i < vocab ? device::to_float(row[i]) : -INFINITY;
+      const int64_t i = base + k * kBlock;
+      v[k] = i < end ? device::to_float(row[i]) : -INFINITY;
     }
 #pragma unroll
     for (int k = 0; k < kInFlight; ++k) {  // in index order, so ties keep the first
-      const int64_t i = base + k * kThreads;
-      if (i < vocab && device::argmax_better(v[k], i, best.v, best.i)) best = {v[k], i};
+      const int64_t i = base + k * kBlock;
+      if (i < end && device::argmax_better(v[k], i, best.v, best.i)) best = {v[k], i};
     }
   }
   best = device::warp_argmax(best);
@@ -237,11 +239,11 @@ __device__ int64_t BlockArgMax(const T* row, int64_t vocab, device::ArgMax* part
   if (lane == 0) partial[warp] = best;
   __syncthreads();
   if (warp == 0) {
-    best = device::warp_argmax(lane < kWarps ? partial[lane] : device::ArgMax{-INFINITY, INT64_MAX});
-    if (lane == 0) partial[kWarps] = best;
+    best = device::warp_argmax(lane < kBlockWarps ? partial[lane] : device::ArgMax{-INFINITY, INT64_MAX});
+    if (lane == 0) partial[kBlockWarps] = best;
   }
   __syncthreads();
-  const int64_t result = partial[kWarps].i;
+  const int64_t result = partial[kBlockWarps].i;
   __syncthreads();
   return result;
 }
@@ -252,32 +254,66 @@ template <typename T>
 __device__ int64_t BlockPick(const T* row, const speculative::TreeArgs& a, float u, int64_t chunk,
                              int64_t num_chunks, uint64_t* chunk_sums, uint64_t* warp_totals,
                              device::ArgMax* partial, int64_t* found) {
-  if (a.greedy) return BlockArgMax(row, a.vocab, partial);
+  if (a.greedy) return BlockArgMax<kThreads>(row, 0, a.vocab, partial);
   const int64_t token = BlockDraw(ProbWeights<T>{row}, a.vocab, chunk, num_chunks, u, chunk_sums, warp_totals, found);
   return token < 0 ? 0 : token;
 }
 
-/*! \brief The parallel plan's first step: every node's pick, one block per node row. A row index
- *  out of range gives -1 (the walk records it). */
+// The pick-every-node-first plan. Greedy rows are split into `slices` parts, so that even a
+// batch of one tree fills the GPU; the walk takes the best of a node's slice maxima. A draw needs
+// the whole row's running sum, so it keeps one block per row. A row index out of range gives -1.
+constexpr int kSliceThreads = 256;
+constexpr int kMaxSlices = speculative::kTreePicksPerNode;  // the workspace's picks per node
+static_assert(kMaxSlices <= 32, "the walk combines a node's slice picks in one warp");
+
+template <typename T, typename IdT>
+__global__ void __launch_bounds__(kSliceThreads)
+    ArgMaxSliceKernel(int64_t* __restrict__ picks, const IdT* __restrict__ retrieve, const T* __restrict__ target,
+                      speculative::TreeArgs a, int64_t slices, int64_t width) {
+  __shared__ device::ArgMax partial[kSliceThreads / 32 + 1];
+  device::pdl_wait_primary();
+  for (int64_t work = blockIdx.x; work < a.batch * a.num_nodes * slices; work += gridDim.x) {
+    const int64_t node = work / slices, slice = work % slices;
+    const auto row = static_cast<int64_t>(retrieve[node]);
+    int64_t token = -1;
+    if (row >= 0 && row < a.target_rows) {
+      const int64_t begin = slice * width, end = min(begin + width, a.vocab);
+      token = begin < end ? BlockArgMax<kSliceThreads>(target + row * a.target_stride, begin, end, partial) : -1;
+    }
+    if (threadIdx.x == 0) picks[node * kMaxSlices + slice] = token;
+  }
+  device::pdl_launch_dependents();
+}
+
 template <typename T, typename IdT>
 __global__ void __launch_bounds__(kThreads)
-    PickKernel(int64_t* __restrict__ picks, const IdT* __restrict__ retrieve, const T* __restrict__ target,
+    DrawKernel(int64_t* __restrict__ picks, const IdT* __restrict__ retrieve, const T* __restrict__ target,
                const float* __restrict__ uniforms, speculative::TreeArgs a, int64_t chunk, int64_t num_chunks) {
   __shared__ uint64_t chunk_sums[kMaxChunks];
   __shared__ uint64_t warp_totals[kWarps + 1];
   __shared__ device::ArgMax partial[kWarps + 1];
   __shared__ int64_t found;
   device::pdl_wait_primary();
-  for (int64_t r = blockIdx.x; r < a.batch * a.num_nodes; r += gridDim.x) {
-    const auto row = static_cast<int64_t>(retrieve[r]);
+  for (int64_t node = blockIdx.x; node < a.batch * a.num_nodes; node += gridDim.x) {
+    const auto row = static_cast<int64_t>(retrieve[node]);
     int64_t token = -1;
     if (row >= 0 && row < a.target_rows) {
-      token = BlockPick(target + row * a.target_stride, a, a.greedy ? 0.0f : uniforms[r], chunk, num_chunks,
-                        chunk_sums, warp_totals, partial, &found);
+      token = BlockPick(target + row * a.target_stride, a, uniforms[node], chunk, num_chunks, chunk_sums,
+                        warp_totals, partial, &found);
     }
-    if (threadIdx.x == 0) picks[r] = token;
+    if (threadIdx.x == 0) picks[node * kMaxSlices] = token;
   }
   device::pdl_launch_dependents();
+}
+
+/*! \brief In the walk of the pick-first plan: a node's token from its slice picks (one warp). */
+template <typename T>
+__device__ int64_t PickedToken(const int64_t* picks, const T* row, int64_t slices) {
+  const int lane = threadIdx.x & 31;
+  const int64_t i = lane < slices ? picks[lane] : -1;
+  device::ArgMax best{-INFINITY, INT64_MAX};
+  if (i >= 0) best = {device::to_float(row[i]), i};
+  return device::warp_argmax(best).i;
 }
 
 /*!
@@ -306,7 +342,7 @@ __device__ int64_t FindChild(const IdT* candidates, const IdT* next_token, const
 
 template <typename T, typename IdT, bool kPicked>
 __global__ void __launch_bounds__(kThreads)
-    TreeKernel(const int64_t* __restrict__ picks, IdT* __restrict__ acc_index, IdT* __restrict__ acc_tokens, IdT* __restrict__ acc_length,
+    TreeKernel(const int64_t* __restrict__ picks, int64_t slices, IdT* __restrict__ acc_index, IdT* __restrict__ acc_tokens, IdT* __restrict__ acc_length,
                const IdT* __restrict__ candidates, const IdT* __restrict__ retrieve, const IdT* __restrict__ next_token,
                const IdT* __restrict__ next_sibling, const T* __restrict__ target, const float* __restrict__ uniforms,
                speculative::TreeArgs a, int64_t chunk, int64_t num_chunks, int64_t* error) {
@@ -329,8 +365,9 @@ __global__ void __launch_bounds__(kThreads)
         token = -1;
         break;
       }
-      if constexpr (kPicked) {
-        token = picks[base + cur];
+      if constexpr (kPicked) {  // one warp per request
+        const int64_t* node_picks = picks + (base + cur) * kMaxSlices;
+        token = a.greedy ? PickedToken(node_picks, target + row * a.target_stride, slices) : node_picks[0];
       } else {
         token = BlockPick(target + row * a.target_stride, a, a.greedy ? 0.0f : uniforms[base + cur], chunk,
                           num_chunks, chunk_sums, warp_totals, partial, &shared[1]);
@@ -411,25 +448,37 @@ inline void tree_speculative_verify(tvm::ffi::TensorView accepted_index, tvm::ff
   // The plan, from the shapes only. A walk reads one row per level, in sequence; when every SM has
   // at most 4 node rows, picking at every node at once (then walking over the picks) is faster.
   const bool parallel = a.batch * a.num_nodes <= 4 * sms;
+  // Greedy slices: about 8 blocks of 256 threads per SM in all, each slice >= 4096 tokens.
+  const int64_t slices = std::clamp<int64_t>(
+      std::min(host::div_ceil(8 * sms, a.batch * a.num_nodes), host::div_ceil(a.vocab, int64_t{4096})), 1,
+      kMaxSlices);
   host::DispatchFloat<kDLCUDA>(a.target_dtype, [&]<typename T>() {
     host::DispatchIndex(a.id_dtype, [&]<typename IdT>() {
       const float* u = greedy ? nullptr : data_ptr<const float>(uniforms);
       const auto walk = [&](auto kernel, int threads) {
         host::LaunchKernel(std::min(a.batch, sms * 8), threads, a.device)
-            .enable_pdl(true)(kernel, data_ptr<const int64_t>(workspace), data_ptr<IdT>(accepted_index),
+            .enable_pdl(true)(kernel, data_ptr<const int64_t>(workspace), slices, data_ptr<IdT>(accepted_index),
                               data_ptr<IdT>(accepted_tokens), data_ptr<IdT>(accepted_length),
                               data_ptr<const IdT>(candidates), data_ptr<const IdT>(retrieve_index),
                               data_ptr<const IdT>(next_token), data_ptr<const IdT>(next_sibling),
                               data_ptr<const T>(target), u, a, chunk, num_chunks, data_ptr<int64_t>(error));
       };
-      if (parallel) {
-        host::LaunchKernel(a.batch * a.num_nodes, kThreads, a.device)
-            .enable_pdl(true)(PickKernel<T, IdT>, data_ptr<int64_t>(workspace), data_ptr<const IdT>(retrieve_index),
-                              data_ptr<const T>(target), u, a, chunk, num_chunks);
-        walk(TreeKernel<T, IdT, true>, 32);
-      } else {
+      if (!parallel) {
         walk(TreeKernel<T, IdT, false>, kThreads);
+        return;
       }
+      const int64_t nodes = a.batch * a.num_nodes;
+      if (greedy) {
+        host::LaunchKernel(std::min(nodes * slices, sms * 32), kSliceThreads, a.device)
+            .enable_pdl(true)(ArgMaxSliceKernel<T, IdT>, data_ptr<int64_t>(workspace),
+                              data_ptr<const IdT>(retrieve_index), data_ptr<const T>(target), a, slices,
+                              host::div_ceil(a.vocab, slices));
+      } else {
+        host::LaunchKernel(nodes, kThreads, a.device)
+            .enable_pdl(true)(DrawKernel<T, IdT>, data_ptr<int64_t>(workspace), data_ptr<const IdT>(retrieve_index),
+                              data_ptr<const T>(target), u, a, chunk, num_chunks);
+      }
+      walk(TreeKernel<T, IdT, true>, 32);
     });
   });
 }

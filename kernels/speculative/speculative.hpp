@@ -128,6 +128,9 @@ ChainArgs VerifyChain(tvm::ffi::TensorView out_tokens, tvm::ffi::TensorView out_
           dsb.unwrap(),      dsn.unwrap(),            tsb.unwrap(),    tsn.unwrap(),   isb.unwrap(), isn.unwrap()};
 }
 
+/*! \brief CUDA's tree workspace: int64 picks per node (the slices of a row's argmax). */
+inline constexpr int kTreePicksPerNode = 16;
+
 /*! \brief A verified tree_speculative_verify call. target's rows are target_stride apart. */
 struct TreeArgs {
   DLDataType id_dtype, target_dtype;
@@ -144,7 +147,7 @@ struct TreeArgs {
  * target: [rows, vocab] float32/float16/bfloat16 (probs; logits too when greedy), unit last
  * stride; uniforms: float32 [batch, D] (read only when !greedy); accepted_index / accepted_tokens
  * [batch, W] and accepted_length [batch]: the ids' dtype, contiguous, written; W - 1 is the
- * deepest path followed; workspace: int64 [batch * D], CUDA's per-node picks (ignored on the CPU). */
+ * deepest path followed; workspace: int64 [batch * D * kTreePicksPerNode], CUDA's per-node picks (ignored on the CPU). */
 template <DLDeviceType kDev>
 TreeArgs VerifyTree(tvm::ffi::TensorView accepted_index, tvm::ffi::TensorView accepted_tokens,
                     tvm::ffi::TensorView accepted_length, tvm::ffi::TensorView candidates,
@@ -187,9 +190,9 @@ TreeArgs VerifyTree(tvm::ffi::TensorView accepted_index, tvm::ffi::TensorView ac
   if constexpr (kDev == kDLCUDA) {
     TensorMatcher({3}).for_op(op).with_dtype<int64_t>().with_device(device).verify(error, "error");
     ValueCheck(vocab.unwrap() <= 0x7fffffff, op, ": vocab ", vocab.unwrap(), " is over 2^31 - 1 on CUDA");
-    SymbolicSize all_nodes{"batch * num_nodes"};
-    all_nodes.set_value(batch.unwrap() * nodes.unwrap());
-    TensorMatcher({all_nodes}).for_op(op).with_dtype<int64_t>().with_device(device).verify(workspace, "workspace");
+    SymbolicSize picks{"batch * num_nodes * 16"};
+    picks.set_value(batch.unwrap() * nodes.unwrap() * kTreePicksPerNode);
+    TensorMatcher({picks}).for_op(op).with_dtype<int64_t>().with_device(device).verify(workspace, "workspace");
   }
   CheckNoAliasing(op,
                   {{accepted_index, "accepted_index"},

@@ -469,3 +469,22 @@ def test_tree_attention_mask(device):
     assert mask.dtype == torch.bool and torch.equal(mask.cpu(), want_mask) and torch.equal(pos.cpu(), want_pos)
     mask, _ = build_tree_attention_mask(parents.to(device), prefix_lens.to(device), mask_numel=want_mask.numel())
     assert torch.equal(mask.cpu(), want_mask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_greedy_argmax_ties_and_nan(device):
+    """Greedy picks torch.argmax's token: the first of equal maxima even when CUDA splits a row
+    into slices, and the first NaN over any number."""
+    vocab = 100_003
+    parents = torch.tensor([[-1, 0, 0, 1]])
+    logits = torch.zeros(4, vocab)
+    logits[0, [70_000, 9_000, 99_999]] = 5.0  # the maximum three times: 9000 is the first
+    logits[1, [3, 80_000]] = float("nan")  # the first NaN wins
+    logits[1, 5] = float("inf")
+    logits[2, :] = -1.0  # all equal: token 0
+    logits[3, 12_345] = 1.0
+    tokens = torch.tensor([[0, 9_000, 4, 3]])  # child 1 carries the root's pick; node 3 (child of 1) carries node 1's
+    lists = tree_from_parents(parents, tokens)
+    index, toks, length = tree_speculative_verify(*(t.to(device) for t in lists), target_logits=logits.to(device),
+                                                  greedy=True)
+    assert index.tolist() == [[0, 1, 3, -1]] and toks.tolist() == [[9_000, 3, 12_345, -1]] and length.tolist() == [2]
