@@ -35,7 +35,9 @@ Bad ids (>= vocab) and negative counts, never read or written out of bounds:
 
 from __future__ import annotations
 
+import ctypes
 import math
+from typing import Optional
 
 import torch
 
@@ -64,39 +66,30 @@ def pop_penalties_error(device=None) -> tuple[str, int, int] | None:
     return None
 
 
-@custom_op("apply_penalties_ids", mutates_args=("logits",))
-def _apply_ids(
+@custom_op("apply_penalties", mutates_args=("logits",))
+def _apply(
     logits: torch.Tensor,
-    token_ids: torch.Tensor,
+    token_ids: Optional[torch.Tensor],
+    counts_or_mask: Optional[torch.Tensor],
     repetition: torch.Tensor,
     frequency: torch.Tensor,
     presence: torch.Tensor,
     check: bool,
 ) -> None:
-    _modules[logits.device.type].apply_penalties_ids(logits, token_ids, repetition, frequency, presence,
-                                                     _id_errors[logits.device])
-    if check:
-        _id_errors.raise_recorded(logits.device, vocab=logits.shape[1])
+    module = _modules[logits.device.type]
+    if token_ids is not None:
+        module.apply_penalties_ids(logits, token_ids, repetition, frequency, presence, _id_errors[logits.device])
+        if check:
+            _id_errors.raise_recorded(logits.device, vocab=logits.shape[1])
+    else:
+        module.apply_penalties_counts(logits, counts_or_mask, repetition, frequency, presence,
+                                      _count_errors[logits.device])
+        if check:
+            _count_errors.raise_recorded(logits.device)
 
 
-@custom_op("apply_penalties_counts", mutates_args=("logits",))
-def _apply_counts(
-    logits: torch.Tensor,
-    counts_or_mask: torch.Tensor,
-    repetition: torch.Tensor,
-    frequency: torch.Tensor,
-    presence: torch.Tensor,
-    check: bool,
-) -> None:
-    _modules[logits.device.type].apply_penalties_counts(logits, counts_or_mask, repetition, frequency, presence,
-                                                        _count_errors[logits.device])
-    if check:
-        _count_errors.raise_recorded(logits.device)
-
-
-@_apply_ids.register_fake
-@_apply_counts.register_fake
-def _(logits, source, repetition, frequency, presence, check) -> None:
+@_apply.register_fake
+def _(logits, token_ids, counts_or_mask, repetition, frequency, presence, check) -> None:
     return None
 
 
@@ -114,7 +107,7 @@ def _per_row(value, name: str, logits: torch.Tensor, positive: bool) -> torch.Te
     if not math.isfinite(value) or (positive and value <= 0.0):
         expected = "a positive finite number" if positive else "a finite number"
         raise ValueError(f"apply_penalties: {name} must be {expected}, got {value}")
-    if abs(value) > 3.4028234663852886e38:
+    if abs(value) > 3.4028234663852886e38 or (positive and ctypes.c_float(value).value == 0.0):
         raise ValueError(f"apply_penalties: {name} = {value} is out of range for float32")
     return torch.full((logits.shape[0],), value, dtype=torch.float32, device=logits.device)
 
@@ -142,8 +135,5 @@ def apply_penalties(
     repetition = _per_row(repetition, "repetition", logits, positive=True)
     frequency = _per_row(frequency, "frequency", logits, positive=False)
     presence = _per_row(presence, "presence", logits, positive=False)
-    if token_ids is not None:
-        _apply_ids(logits, token_ids, repetition, frequency, presence, check)
-    else:
-        _apply_counts(logits, counts_or_mask, repetition, frequency, presence, check)
+    _apply(logits, token_ids, counts_or_mask, repetition, frequency, presence, check)
     return logits

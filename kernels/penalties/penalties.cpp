@@ -60,15 +60,20 @@ void Penalize(T* row, int64_t token, int64_t count, const RowPenalties& p) {
   row[token] = FromFloat<T>(p.Apply(ToFloat(row[token]), static_cast<float>(count)));
 }
 
-template <typename T, typename IdT>
-void FromIds(T* logits, const IdT* ids, const penalties::PenaltyArgs& a, const std::vector<RowPenalties>& params) {
-  for (int64_t b = 0; b < a.batch; ++b) {  // validate everything first: a bad id writes nothing
+/*! \brief Every id < vocab (ids < 0 are padding), checked before anything is written. */
+template <typename IdT>
+void CheckIds(const IdT* ids, const penalties::PenaltyArgs& a) {
+  for (int64_t b = 0; b < a.batch; ++b) {
     for (int64_t j = 0; j < a.source_len; ++j) {
       const auto id = static_cast<int64_t>(ids[b * a.source_stride + j]);
       host::ValueCheck(id < a.vocab, "apply_penalties: token_ids (flattened)[", b * a.source_len + j, "] = ", id,
                        " is out of range [0, vocab=", a.vocab, ") (ids < 0 are padding)");
     }
   }
+}
+
+template <typename T, typename IdT>
+void FromIds(T* logits, const IdT* ids, const penalties::PenaltyArgs& a, const std::vector<RowPenalties>& params) {
   std::vector<int64_t> seen;
   for (int64_t b = 0; b < a.batch; ++b) {
     seen.clear();
@@ -89,20 +94,19 @@ void FromIds(T* logits, const IdT* ids, const penalties::PenaltyArgs& a, const s
 
 template <typename T, typename C>
 void FromCounts(T* logits, const C* counts, const penalties::PenaltyArgs& a, const std::vector<RowPenalties>& params) {
-  if constexpr (!std::is_same_v<C, bool>) {
-    for (int64_t b = 0; b < a.batch; ++b) {
-      for (int64_t v = 0; v < a.vocab; ++v) {
-        const auto c = static_cast<int64_t>(counts[b * a.source_stride + v]);
-        host::ValueCheck(c >= 0, "apply_penalties: counts_or_mask (flattened)[", b * a.vocab + v, "] = ", c,
-                         " is negative");
-      }
+  for (int64_t b = 0; b < a.batch; ++b) {  // validate first: a negative count writes nothing
+    for (int64_t v = 0; v < a.vocab; ++v) {
+      const int64_t c = penalties::CountOf(counts + b * a.source_stride + v);
+      host::ValueCheck(c >= 0, "apply_penalties: counts_or_mask (flattened)[", b * a.vocab + v, "] = ", c,
+                       " is negative");
     }
   }
   for (int64_t b = 0; b < a.batch; ++b) {
     T* row = logits + b * a.logits_stride;
     const C* c = counts + b * a.source_stride;
     for (int64_t v = 0; v < a.vocab; ++v) {
-      if (c[v]) Penalize(row, v, static_cast<int64_t>(c[v]), params[b]);
+      const int64_t count = penalties::CountOf(c + v);
+      if (count != 0) Penalize(row, v, count, params[b]);
     }
   }
 }
@@ -121,9 +125,10 @@ inline void apply_penalties_ids(tvm::ffi::TensorView logits, tvm::ffi::TensorVie
   const auto a = penalties::VerifyPenaltiesIds<kDLCPU>(logits, token_ids, repetition, frequency, presence, error);
   const auto params = penalties_detail::CheckedParams(data_ptr<const float>(repetition), data_ptr<const float>(frequency),
                                                       data_ptr<const float>(presence), a.batch);
-  if (a.empty()) return;
-  host::DispatchFloat<kDLCPU>(a.dtype, [&]<typename T>() {
-    host::DispatchIndex(a.source_dtype, [&]<typename IdT>() {
+  host::DispatchIndex(a.source_dtype, [&]<typename IdT>() {
+    penalties_detail::CheckIds(data_ptr<const IdT>(token_ids), a);  // also with vocab 0: every id is bad
+    if (a.empty()) return;
+    host::DispatchFloat<kDLCPU>(a.dtype, [&]<typename T>() {
       penalties_detail::FromIds(data_ptr<T>(logits), data_ptr<const IdT>(token_ids), a, params);
     });
   });

@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kThreads)
     T* row_logits = logits + row * logits_stride;
     const RowPenalties p = LoadRow(repetition, frequency, presence, row);
     for (int64_t v = first + threadIdx.x; v < last; v += kThreads) {
-      const auto c = static_cast<int64_t>(row_counts[v]);
+      const int64_t c = penalties::CountOf(row_counts + v);
       if (c == 0) continue;
       if (c < 0) {
         device::record_error(error, row * vocab + v, c);
@@ -128,8 +128,9 @@ inline void apply_penalties_ids(tvm::ffi::TensorView logits, tvm::ffi::TensorVie
   using host::data_ptr;
   using namespace penalties_detail;  // NOLINT(*)
   const auto a = penalties::VerifyPenaltiesIds<kDLCUDA>(logits, token_ids, repetition, frequency, presence, error);
-  if (a.empty() || a.source_len == 0) return;  // nothing to penalize (and a zero-block grid is an error)
-  const int64_t slices = host::div_ceil(a.vocab, int64_t{kIdSlice});
+  if (a.batch == 0 || a.source_len == 0) return;  // no ids (and a zero-block grid is a launch error)
+  // vocab 0 still launches one slice: every id >= 0 is then recorded as out of range.
+  const int64_t slices = std::max<int64_t>(1, host::div_ceil(a.vocab, int64_t{kIdSlice}));
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
     host::DispatchIndex(a.source_dtype, [&]<typename IdT>() {
       host::LaunchKernel(GridFor(a, slices), kThreads, a.device)

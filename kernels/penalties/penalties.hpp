@@ -21,6 +21,7 @@
 #include <tvm/ffi/container/tensor.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #ifdef __CUDACC__
@@ -140,6 +141,17 @@ PenaltyArgs VerifyPenaltiesCounts(tvm::ffi::TensorView logits, tvm::ffi::TensorV
                    {presence, "presence"}, {error, "error"}});
   return {v.dtype.unwrap(), count_dtype.unwrap(), v.device.unwrap(), v.batch.unwrap(), v.vocab.unwrap(),
           logits_stride,    v.vocab.unwrap(),     stride.unwrap()};
+}
+
+/*! \brief A count element as a number; a bool counts 1 for any nonzero byte (torch may hold other
+ *  values than 0 and 1 in a bool tensor's bytes, e.g. after a view from uint8). */
+template <typename C>
+MLLM_KERNEL_PENALTIES_HD int64_t CountOf(const C* p) {
+  if constexpr (std::is_same_v<C, bool>) {
+    return *reinterpret_cast<const uint8_t*>(p) != 0 ? 1 : 0;
+  } else {
+    return static_cast<int64_t>(*p);
+  }
 }
 
 /*! \brief Call `fn.template operator()<C>()` with C the count element type (int32, int64, bool). */

@@ -314,3 +314,20 @@ def test_cuda_graph_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert_penalized(logits, before, counts_of(ids, vocab), 1.2, 0.1, 0.1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bool_bytes_other_than_one_count_once(device):
+    """A bool tensor viewed from uint8 may hold 2 in a byte: it counts as seen once."""
+    logits = torch.zeros(1, 4, device=device)
+    mask = torch.tensor([[2, 0, 1, 255]], dtype=torch.uint8, device=device).view(torch.bool)
+    apply_penalties(logits, None, mask, 1.0, 1.0, 0.0)
+    assert logits.cpu().tolist() == [[-1.0, 0.0, -1.0, -1.0]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_vocab_rejects_every_id(device):
+    """With vocab 0 every id >= 0 is out of range (padding ids < 0 are still fine)."""
+    apply_penalties(torch.empty(2, 0, device=device), torch.full((2, 3), -1, device=device))
+    with pytest.raises(ValueError, match=r"token_ids \(flattened\)\[0\] = 0 is out of range"):
+        apply_penalties(torch.empty(2, 0, device=device), torch.tensor([[0, -1], [-1, -1]], device=device))
