@@ -488,3 +488,47 @@ def test_tree_greedy_argmax_ties_and_nan(device):
     index, toks, length = tree_speculative_verify(*(t.to(device) for t in lists), target_logits=logits.to(device),
                                                   greedy=True)
     assert index.tolist() == [[0, 1, 3, -1]] and toks.tolist() == [[9_000, 3, 12_345, -1]] and length.tolist() == [2]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_mask_drives_paged_prefill_attention(device):
+    """The mask and positions feed paged_prefill_attention's custom_mask: each tree token attends
+    to the prefix, its ancestors and itself (float64 attention over exactly those keys)."""
+    from mllm_kernel.kernels.prefill_attention import paged_prefill_attention
+
+    seed("mask-attention", device)
+    batch, nodes, heads, kv_heads, dim, block = 2, 8, 4, 2, 64, 4
+    parents = random_parents(batch, nodes)
+    prefix_lens = torch.tensor([5, 11])
+    mask, positions = build_tree_attention_mask(parents, prefix_lens)
+    lens_k = (prefix_lens + nodes).tolist()
+    blocks = [(n + block - 1) // block for n in lens_k]
+    k_cache = torch.zeros(sum(blocks), block, kv_heads, dim)
+    v_cache = torch.zeros_like(k_cache)
+    table = torch.zeros(batch, max(blocks), dtype=torch.int32)
+    keys, values, first = [], [], 0
+    for b, n in enumerate(lens_k):
+        k, v = torch.randn(n, kv_heads, dim), torch.randn(n, kv_heads, dim)
+        keys.append(k)
+        values.append(v)
+        table[b, :blocks[b]] = torch.arange(first, first + blocks[b], dtype=torch.int32)
+        for t in range(n):
+            k_cache[first + t // block, t % block], v_cache[first + t // block, t % block] = k[t], v[t]
+        first += blocks[b]
+    q = torch.randn(batch * nodes, heads, dim)
+    cu = torch.tensor([0, nodes, 2 * nodes], dtype=torch.int32)
+    out = paged_prefill_attention(q.to(device), k_cache.to(device), v_cache.to(device), table.to(device), cu.to(device),
+                                  torch.tensor(lens_k, dtype=torch.int32).to(device), custom_mask=mask.to(device))
+    want_mask, want_pos = plain_mask(parents, prefix_lens)
+    assert torch.equal(positions, want_pos)
+    start = 0
+    for b, n in enumerate(lens_k):
+        allowed = want_mask[start:start + nodes * n].view(nodes, n)
+        start += nodes * n
+        for i in range(nodes):
+            for h in range(heads):
+                kh = h // (heads // kv_heads)
+                s = (keys[b][:, kh].double() @ q[b * nodes + i, h].double()) / dim**0.5
+                p = torch.softmax(s.masked_fill(~allowed[i], float("-inf")), 0)
+                want = p @ values[b][:, kh].double()
+                torch.testing.assert_close(out[b * nodes + i, h].cpu().double(), want, rtol=1e-4, atol=1e-4)
