@@ -81,8 +81,10 @@ class Succeeds:
     # CUDA: (op package, index, value) that the op's device-error record must hold after the
     # call (read with its pop_*_error, which also clears it); None: nothing may be recorded.
     # (op package, message prefix) for an op whose pop_*_error returns a message
-    # (decode_attention: "block_table[1, 2] = -1 ...").
-    recorded: tuple[str, int, int] | tuple[str, str] | None = None
+    # (decode_attention: "block_table[1, 2] = -1 ..."); (op package, source, index, value) for
+    # one whose record also names the argument (pop_penalties_error: "token_ids" or "counts_or_mask")
+    # or the op (pop_speculative_error: "chain_speculative_sampling" or "tree_speculative_verify").
+    recorded: tuple[str, int, int] | tuple[str, str] | tuple[str, str, int, int] | None = None
 
 
 @dataclass
@@ -1084,6 +1086,314 @@ def embedding_rows(spec: OpSpec) -> Iterator[Row]:
     yield raises("table empty vocab", lambda a: a.update(table=torch.empty(0, 16)), VALUE, "ids")
 
 
+# ----------------------------------------------------------------------------- apply_penalties
+# logits float32 [4, 32]; two specs, one per count source: "apply_penalties" with token_ids int64
+# [4, 6] (repeats, and -1 as padding), "apply_penalties (counts_or_mask)" with int32 counts
+# [4, 32]. repetition / frequency / presence are floats (device rows: float32 [4] tensors).
+# Bad ids (>= vocab) and negative counts: the CPU raises before writing; CUDA skips the element,
+# records (source, flattened index, value) and, with check=True (the default), raises ValueError
+# after its kernel ran (kernels/penalties/__init__.py). Bad per-row tensor values: the CPU
+# raises; CUDA uses the no-op value (repetition 1, frequency / presence 0) for them.
+
+PEN_BATCH, PEN_VOCAB = 4, 32
+PEN_PARAMS = {"repetition": 1.3, "frequency": 0.2, "presence": 0.5}
+PEN_PER_ROW = {"repetition": (1.3, 0.5, 1.0, 2.0), "frequency": (0.2, -0.1, 0.0, 1.0),
+               "presence": (0.5, 0.0, -0.5, 2.0)}
+FLT_MAX = 3.4028234663852886e38
+
+
+def _pen_ids() -> torch.Tensor:
+    return torch.tensor([[3, 3, 7, -1, 31, 0], [5, -1, -1, -1, -1, -1], [1, 2, 3, 4, 5, 6], [9, 9, 9, 2, -7, 30]])
+
+
+def _pen_counts() -> torch.Tensor:
+    return torch.randint(0, 3, (PEN_BATCH, PEN_VOCAB), generator=seeded(4), dtype=torch.int32)
+
+
+def penalties_counts(a: dict[str, Any]) -> torch.Tensor:
+    """[batch, vocab] counts of the call's source, without the elements CUDA skips (ids >= vocab,
+    negative counts; the CPU raises on those, so its references never see them)."""
+    vocab = a["logits"].shape[-1]
+    if a.get("token_ids") is not None:
+        ids = a["token_ids"].long()
+        return ref("penalties", "ref_counts_from_ids")(torch.where(ids >= vocab, -1, ids), vocab)
+    counts = a["counts_or_mask"]
+    if counts.dtype == torch.bool:
+        return counts.view(torch.uint8) != 0  # True counts as 1, whatever its byte
+    return counts.long().clamp_min(0)
+
+
+def penalties_params(a: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """float64 [batch] parameters as the kernel uses them: scalars rounded to float32 (as the op
+    does), bad per-row tensor values replaced by their no-op values (what CUDA does; the CPU
+    raises on them, so its references never see them)."""
+    batch = a["logits"].shape[0]
+    out = {}
+    for name in PEN_PARAMS:
+        v = a[name]
+        v = (v if isinstance(v, torch.Tensor) else torch.full((batch,), float(v), dtype=torch.float32)).double().cpu()
+        if name == "repetition":
+            out[name] = torch.where((v > 0) & (v <= FLT_MAX), v, 1.0)  # NaN fails both
+        else:
+            out[name] = torch.where(v.isfinite(), v, 0.0)
+    return out
+
+
+def penalties_reference(a: dict[str, Any]) -> dict[str, torch.Tensor]:
+    logits = a["logits"]
+    want = ref("penalties", "ref_penalties")(logits, penalties_counts(a), **penalties_params(a))
+    return {"logits": want.to(logits.dtype)}
+
+
+def _penalties_spec(source: str) -> OpSpec:
+    def valid():
+        a = {"logits": randn(PEN_BATCH, PEN_VOCAB, scale=3.0), "token_ids": None, "counts_or_mask": None,
+             **PEN_PARAMS, "check": True}
+        a[source] = _pen_ids() if source == "token_ids" else _pen_counts()
+        return a
+
+    return OpSpec(
+        "apply_penalties" if source == "token_ids" else f"apply_penalties ({source})", "apply_penalties",
+        mk.apply_penalties, valid=valid, written=("logits",), reference=penalties_reference,
+        # `error` is left out: the op allocates it on logits' device.
+        verify_order=("logits", source, *PEN_PARAMS),
+        device_base=lambda a: a.update({n: torch.tensor(v) for n, v in PEN_PER_ROW.items()}),
+    )
+
+
+def penalties_bad_rows(label: str, mutate, name: str, index: int, value: int) -> Iterator[Row]:
+    """A bad id / count (one element, so CUDA's record is deterministic): the CPU raises whatever
+    check says; CUDA skips it (the spec's reference), records (name, index, value), and with
+    check=True raises ValueError after its kernel ran."""
+    unchecked = lambda a: (mutate(a), a.update(check=False))  # noqa: E731
+    if not on_cuda():
+        yield raises(label, mutate, VALUE, name)
+        yield raises(f"{label}, check=False", unchecked, VALUE, name)
+        return
+    yield Row(label, mutate, Raises(VALUE, (name,), written=penalties_reference))
+    yield Row(f"{label}, check=False", unchecked, Succeeds(recorded=("penalties", name, index, value)))
+
+
+def penalties_source_rows(source: str) -> Iterator[Row]:
+    """The count source argument, and giving both sources or neither."""
+    other = "counts_or_mask" if source == "token_ids" else "token_ids"
+    for label, bad in (("str", "tensor"), ("float", 1.5), ("list", [1, 2])):
+        yield raises(f"{source}: {label} for a tensor", setter(**{source: bad}), TYPE, source)
+    yield raises(f"{source} = None (neither source)", setter(**{source: None}), VALUE, "token_ids", "counts_or_mask")
+    both = (lambda a: a.update(counts_or_mask=_pen_counts())) if source == "token_ids" else (
+        lambda a: a.update(token_ids=_pen_ids()))
+    yield raises(f"{other} given too (both sources)", both, VALUE, "token_ids", "counts_or_mask")
+    bad_dtypes = (*INDEX_BAD, torch.uint8) + ((torch.bool,) if source == "token_ids" else (torch.float64,))
+    yield from dtype_rows(source, *bad_dtypes)
+    yield from rank_rows(source)
+    yield from meta_rows(source)
+    yield from stride_rows(source)
+    yield from shape_rows(source, 0, names=(source,))
+    if source == "counts_or_mask":
+        yield from shape_rows(source, 1, names=(source,))
+    yield succeeds(f"{source} row stride > its width (a slice)",
+                   lambda a: a.update({source: torch.cat([a[source], a[source]], 1)[:, :a[source].shape[1]]}))
+    yield succeeds(f"{source} expanded (stride 0, read only)", lambda a: a.update({source: expanded(a[source])}))
+
+
+def penalty_param_rows(name: str) -> Iterator[Row]:
+    positive = name == "repetition"
+    for label, bad in (("None", None), ("'1.3'", "1.3"), ("[1.3]", [1.3]), ("True", True)):
+        yield raises(f"{name} = {label}", setter(**{name: bad}), TYPE, name)
+    yield from float_value_rows(name, (math.nan, math.inf, -math.inf) + ((0.0, -1.0, -0.0) if positive else ()))
+    yield raises(f"{name} = 10**400 (an int no float holds)", setter(**{name: 10**400}), VALUE, name)
+    yield raises(f"{name} = 2**128 (inf in float32)", setter(**{name: 2**128}), VALUE, name)
+    yield raises(f"{name} = -1e39 (-inf in float32)", setter(**{name: -1e39}), VALUE, name)
+    yield succeeds(f"{name} = 2**64 (a huge int)", setter(**{name: 2**64}))
+    if positive:
+        yield raises("repetition = -(2**64)", setter(repetition=-(2**64)), VALUE, name)
+        yield succeeds("repetition = FLT_MAX (negative logits -> -inf)", setter(repetition=FLT_MAX))
+        yield succeeds("repetition = 1e-40 (a float32 subnormal; positive logits -> inf)", setter(repetition=1e-40))
+        # Positive in float64 but 0 in float32: the op checks scalars itself ("Scalars are
+        # checked here"), so this must be refused on every device like repetition = 0.
+        yield raises("repetition = 1e-46 (0 in float32)", setter(repetition=1e-46), VALUE, name)
+    else:
+        yield succeeds(f"{name} = -(2**64)", setter(**{name: -(2**64)}))
+        yield succeeds(f"{name} = 1e-46 (0 in float32)", setter(**{name: 1e-46}))
+    yield succeeds(f"{name} = 2 (an int)", setter(**{name: 2}))
+
+    # float32 [batch] tensors.
+    per_row = lambda: torch.tensor(PEN_PER_ROW[name])  # noqa: E731
+    yield succeeds(f"{name} per-row tensor", setter(**{name: per_row()}))
+    for dtype in (torch.float64, torch.float16, torch.int64):
+        yield raises(f"{name} {dtype} tensor", lambda a, d=dtype: a.update({name: per_row().to(d)}), TYPE, name)
+    yield raises(f"{name} [batch + 1]", lambda a: a.update({name: torch.ones(PEN_BATCH + 1)}), VALUE, name)
+    yield raises(f"{name} [batch, 1]", lambda a: a.update({name: per_row().unsqueeze(1)}), VALUE, name)
+    yield raises(f"{name} 0-dim tensor", lambda a: a.update({name: torch.tensor(1.0)}), VALUE, name)
+    yield raises(f"{name} meta tensor", lambda a: a.update({name: per_row().to("meta")}), VALUE, name)
+    yield raises(f"{name} inner stride 2", lambda a: a.update({name: non_unit_inner(per_row())}), VALUE, name)
+    yield raises(f"{name} expanded (stride 0)", lambda a: a.update({name: torch.tensor([1.0]).expand(PEN_BATCH)}), VALUE, name)
+    bad = (math.nan, math.inf, -math.inf) + ((0.0, -1.0) if positive else ())
+    for value in bad:  # CPU: ValueError; CUDA: row 1 uses the no-op value (the spec's reference)
+        yield checked_on_cpu_clamped_on_cuda(f"{name} tensor with {value!r} in row 1",
+                                             lambda a, v=value: a.update({name: per_row().index_fill_(0, torch.tensor(1), v)}),
+                                             name)
+
+
+@table("apply_penalties")
+def penalties_ids_rows(spec: OpSpec) -> Iterator[Row]:
+    # logits [batch, vocab] float, unit last stride, rows not overlapping (written in place).
+    yield from tensor_kind_rows("logits")
+    yield from dtype_rows("logits", *FLOAT_BAD, torch.bool)
+    yield from rank_rows("logits")
+    yield from meta_rows("logits")
+    yield from stride_rows("logits")
+    yield from expanded_rows("logits")
+    yield raises("logits rows overlap (row stride 16 < vocab 32)",
+                 lambda a: a.update(logits=randn(80).as_strided((PEN_BATCH, PEN_VOCAB), (16, 1))), VALUE, "logits")
+    yield from shape_rows("logits", 0, names=("token_ids",))
+    for dtype in (torch.float16, torch.bfloat16):
+        yield succeeds(f"logits {dtype}", lambda a, d=dtype: a.update(logits=a["logits"].to(d)))
+    yield succeeds("logits row stride 40 (a slice)", lambda a: a.update(logits=randn(PEN_BATCH, 40, scale=3.0)[:, :PEN_VOCAB]))
+    yield succeeds("logits holding inf, -inf and NaN at penalized tokens",
+                   lambda a: a["logits"].__setitem__((0, [3, 7, 31, 0]), torch.tensor([math.inf, -math.inf, math.nan, 0.0])))
+
+    yield from penalties_source_rows("token_ids")
+    yield succeeds("token_ids int32", lambda a: a.update(token_ids=a["token_ids"].int()))
+    yield succeeds("token_ids all padding", lambda a: a["token_ids"].fill_(-1))
+    yield succeeds("token_ids padding -(2**63)", set_entry("token_ids", (0, 0), -(2**63)))
+    yield succeeds("token_ids int32 padding -(2**31)", lambda a: (a.update(token_ids=a["token_ids"].int()),
+                                                                  a["token_ids"].__setitem__((0, 0), -(2**31))))
+    yield succeeds("token_ids one token 500 times", lambda a: a.update(token_ids=torch.full((PEN_BATCH, 500), 17)))
+    yield succeeds("token_ids no columns", lambda a: a.update(token_ids=torch.empty(PEN_BATCH, 0, dtype=torch.long)))
+    yield succeeds("empty batch", lambda a: a.update(logits=torch.empty(0, PEN_VOCAB),
+                                                      token_ids=torch.empty(0, 6, dtype=torch.long)))
+    yield succeeds("empty vocab, token_ids all padding", lambda a: a.update(logits=torch.empty(PEN_BATCH, 0),
+                                                                            token_ids=torch.full((PEN_BATCH, 6), -1)))
+    # vocab 0: every id >= 0 is out of range (embedding's "table empty vocab" raises too).
+    yield raises("empty vocab, token_ids[0, 0] = 0", lambda a: a.update(logits=torch.empty(PEN_BATCH, 0),
+                                                                        token_ids=torch.tensor([[0, -1]] * PEN_BATCH)),
+                 VALUE, "token_ids")
+
+    def slices(a):  # around CUDA's id-histogram slices (8192 tokens each), batch 2
+        a.update(logits=randn(2, 20000, scale=3.0), repetition=1.5,
+                 token_ids=torch.tensor([[0, 8191, 8192, 8192, 16383, 16384, 19999, -1],
+                                         [8191, 8191, 8191, 1, 12000, 19998, 16384, 2]]))
+
+    yield succeeds("vocab 20000, ids at the slice edges", slices)
+
+    # Out-of-range ids, at token_ids[1, 0] (flattened index 6).
+    for value in (PEN_VOCAB, 2**62, 2**63 - 1):
+        yield from penalties_bad_rows(f"token_ids[1, 0] = {value}", set_entry("token_ids", (1, 0), value),
+                                      "token_ids", 6, value)
+    yield from penalties_bad_rows(
+        "token_ids int32, [1, 0] = 2**31 - 1",
+        lambda a: (a.update(token_ids=a["token_ids"].int()), a["token_ids"].__setitem__((1, 0), 2**31 - 1)),
+        "token_ids", 6, 2**31 - 1)
+    if on_cuda():  # several bad ids: the record keeps whichever came first, so only check=True
+        yield Row("token_ids all out of range", lambda a: a["token_ids"].fill_(PEN_VOCAB),
+                  Raises(VALUE, ("token_ids",), written=penalties_reference))
+    else:
+        yield raises("token_ids all out of range", lambda a: a["token_ids"].fill_(PEN_VOCAB), VALUE, "token_ids")
+
+    for name in PEN_PARAMS:
+        yield from penalty_param_rows(name)
+    yield from flag_kind_rows("check")
+    yield succeeds("check = 0", setter(check=0))
+    yield succeeds("repetition, frequency and presence one tensor (all read)",
+                   lambda a: a.update(dict.fromkeys(PEN_PARAMS, torch.full((PEN_BATCH,), 0.5))))
+
+    # Aliasing: logits is written; token_ids and the per-row tensors are read.
+    yield raises("token_ids is logits' bytes", lambda a: a.update(token_ids=a["logits"].view(torch.int32)[:, :6]),
+                 VALUE, "logits", "token_ids")
+    yield raises("token_ids int64 view of logits' bytes",
+                 lambda a: a.update(token_ids=a["logits"].view(torch.int64)[:, :6]), VALUE, "logits", "token_ids")
+    for name in PEN_PARAMS:
+        yield raises(f"{name} is logits' first 4 elements", lambda a, n=name: a.update({n: a["logits"].view(-1)[:4]}),
+                     VALUE, "logits", name)
+        yield raises(f"{name} is logits[2, 30:34] of a wider buffer (2 in logits, 2 in its row gap)",
+                     lambda a, n=name: (lambda b: a.update(logits=b[:, :PEN_VOCAB], **{n: b.view(-1)[98:102]}))(
+                         randn(PEN_BATCH, PEN_VOCAB + 2, scale=3.0)), VALUE, "logits", name)
+
+    def params_in_gap(a):  # in the gap after logits' row 0: the byte ranges intersect, no overlap
+        b = randn(PEN_BATCH, PEN_VOCAB + 12, scale=3.0)
+        b[0, PEN_VOCAB:] = torch.tensor([1.3] * 4 + [0.2] * 4 + [0.5] * 4)
+        a.update(logits=b[:, :PEN_VOCAB], repetition=b[0, 32:36], frequency=b[0, 36:40], presence=b[0, 40:44])
+
+    yield succeeds("repetition, frequency, presence in the row gap of logits (disjoint)", params_in_gap)
+
+    def ids_in_gap(a):  # logits and token_ids interleaved in one int32 buffer
+        b = torch.empty(PEN_BATCH, PEN_VOCAB + 6, dtype=torch.int32)
+        b[:, :PEN_VOCAB] = randn(PEN_BATCH, PEN_VOCAB, scale=3.0).view(torch.int32)
+        b[:, PEN_VOCAB:] = a["token_ids"]
+        a.update(logits=b[:, :PEN_VOCAB].view(torch.float32), token_ids=b[:, PEN_VOCAB:])
+
+    yield succeeds("logits and token_ids interleaved in one buffer (disjoint)", ids_in_gap)
+
+
+@table("apply_penalties (counts_or_mask)")
+def penalties_counts_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from shape_rows("logits", 0, 1, names=("counts_or_mask",))
+    yield from penalties_source_rows("counts_or_mask")
+    yield succeeds("counts_or_mask int64", lambda a: a.update(counts_or_mask=a["counts_or_mask"].long()))
+    yield succeeds("counts_or_mask bool", lambda a: a.update(counts_or_mask=a["counts_or_mask"] > 0))
+    yield succeeds("counts_or_mask bool with a byte of 2 (True counts as 1)", lambda a: a.update(
+        counts_or_mask=a["counts_or_mask"].to(torch.uint8).mul_(2).view(torch.bool)))
+    yield succeeds("counts_or_mask all 0", lambda a: a["counts_or_mask"].zero_())
+    yield succeeds("counts_or_mask int64 2**63 - 1", lambda a: (a.update(counts_or_mask=a["counts_or_mask"].long()),
+                                                                 a["counts_or_mask"].__setitem__((0, 3), 2**63 - 1)))
+    yield succeeds("counts_or_mask int32 2**31 - 1", set_entry("counts_or_mask", (0, 3), 2**31 - 1))
+    yield succeeds("frequency = 3e38, counts 2 (-> -inf)",
+                   lambda a: a.update(frequency=3e38, counts_or_mask=torch.full((PEN_BATCH, PEN_VOCAB), 2, dtype=torch.int32)))
+    yield succeeds("empty batch", lambda a: a.update(logits=torch.empty(0, PEN_VOCAB),
+                                                      counts_or_mask=torch.empty(0, PEN_VOCAB, dtype=torch.int32)))
+    yield succeeds("empty vocab", lambda a: a.update(logits=torch.empty(PEN_BATCH, 0),
+                                                      counts_or_mask=torch.empty(PEN_BATCH, 0, dtype=torch.int32)))
+    yield succeeds("logits float16, counts_or_mask bool",
+                   lambda a: a.update(logits=a["logits"].half(), counts_or_mask=a["counts_or_mask"] > 0))
+
+    def slices(a):  # around CUDA's count slices (4096 tokens each), batch 2
+        c = torch.zeros(2, 9000, dtype=torch.int32)
+        c[:, [0, 4095, 4096, 8191, 8192, 8999]] = torch.tensor([1, 2, 3, 1, 2, 5], dtype=torch.int32)
+        a.update(logits=randn(2, 9000, scale=3.0), counts_or_mask=c, presence=1.5)
+
+    yield succeeds("vocab 9000, counts at the slice edges", slices)
+
+    # Negative counts, at counts_or_mask[1, 5] (flattened index 37).
+    for value in (-1, -(2**63)):
+        yield from penalties_bad_rows(f"counts_or_mask[1, 5] = {value}", lambda a, v=value: (
+            a.update(counts_or_mask=a["counts_or_mask"].long()), a["counts_or_mask"].__setitem__((1, 5), v)),
+            "counts_or_mask", 37, value)
+    yield from penalties_bad_rows("counts_or_mask int32 [1, 5] = -(2**31)",
+                                  set_entry("counts_or_mask", (1, 5), -(2**31)), "counts_or_mask", 37, -(2**31))
+    yield from penalties_bad_rows("counts_or_mask row stride 40, [1, 5] = -1", lambda a: (
+        a.update(counts_or_mask=torch.cat([a["counts_or_mask"], a["counts_or_mask"][:, :8]], 1)[:, :PEN_VOCAB]),
+        a["counts_or_mask"].__setitem__((1, 5), -1)), "counts_or_mask", 37, -1)
+
+    # Per-row tensor values are judged the same way for either source.
+    for value in (math.nan, 0.0):
+        yield checked_on_cpu_clamped_on_cuda(f"repetition tensor with {value!r} in row 1", lambda a, v=value: a.update(
+            repetition=torch.tensor(PEN_PER_ROW["repetition"]).index_fill_(0, torch.tensor(1), v)), "repetition")
+    yield checked_on_cpu_clamped_on_cuda("frequency tensor with inf in row 1", lambda a: a.update(
+        frequency=torch.tensor(PEN_PER_ROW["frequency"]).index_fill_(0, torch.tensor(1), math.inf)), "frequency")
+
+    # Aliasing.
+    yield raises("counts_or_mask is logits' bytes", lambda a: a.update(counts_or_mask=a["logits"].view(torch.int32)),
+                 VALUE, "logits", "counts_or_mask")
+    yield raises("repetition is logits' first 4 elements", lambda a: a.update(repetition=a["logits"].view(-1)[:4]),
+                 VALUE, "logits", "repetition")
+
+    def counts_in_gap(a):  # logits and counts interleaved in one int32 buffer
+        b = torch.empty(PEN_BATCH, 2 * PEN_VOCAB, dtype=torch.int32)
+        b[:, :PEN_VOCAB] = randn(PEN_BATCH, PEN_VOCAB, scale=3.0).view(torch.int32)
+        b[:, PEN_VOCAB:] = a["counts_or_mask"]
+        a.update(logits=b[:, :PEN_VOCAB].view(torch.float32), counts_or_mask=b[:, PEN_VOCAB:])
+
+    yield succeeds("logits and counts_or_mask interleaved in one buffer (disjoint)", counts_in_gap)
+
+    def counts_shifted(a):  # the same buffer, counts starting one element into logits' last row
+        b = torch.zeros(PEN_BATCH * PEN_VOCAB * 2, dtype=torch.int32)
+        a.update(logits=b[:128].view(torch.float32).view(PEN_BATCH, PEN_VOCAB),
+                 counts_or_mask=b[97:225].view(PEN_BATCH, PEN_VOCAB))
+
+    yield raises("counts_or_mask overlaps logits' last row", counts_shifted, VALUE, "logits", "counts_or_mask")
+
+
 # ----------------------------------------------------------------------------- decode_attention
 # q [2, 4, 64], caches [6 blocks, block_size 4, 2 kv heads, 64], block_table int32 [2, 3] =
 # [[2, 5, -1], [3, 0, 1]] (request 0 reads 2 blocks; its third entry is unused padding), seq_lens
@@ -1751,6 +2061,747 @@ def paged_prefill_rows(spec: OpSpec) -> Iterator[Row]:
                                                       cu_seqlens_q=torch.zeros(1, dtype=torch.int32)))
 
 
+# ----------------------------------------------------------------------------- speculative decoding
+# chain_speculative_sampling: draft_probs [3, 2, 16], draft_token_ids int64 [3, 2], target_probs
+# [3, 3, 16], uniforms [3, 3], out_accepted int64 [3] (written; -7 before the call); the outputs
+# themselves are new tensors. The tree ops share one batch of two draft trees of 6 nodes
+# (SPEC_PARENTS / SPEC_TOKENS) over a vocab of 8:
+#   request 0: 0 -> {1, 2}, 1 -> {3, 4}, 2 -> 5        request 1: 0 -> {1, 4}, 1 -> 2 -> 3, 4 -> 5
+# with target rows that give one token 0.93 each, so for the table's uniforms (and greedily) the
+# walks are 0 -> 1 -> 4 (node 4 is reached as node 3's next sibling; then a bonus token) and
+# 0 -> 1 -> 2 (then a correction token).
+# Bad values inside tensors (kernels/speculative/__init__.py): the CPU raises before writing,
+# whatever `check` says. CUDA: a bad draft id counts as a rejection there; a bad tree link or
+# retrieve_index row stops the walk there (no token: -1 for a row); either is recorded
+# (pop_speculative_error: (op, flattened index, value)) and check=True (the default) raises
+# ValueError after the kernel ran. CUDA never reads the links and rows the walk does not reach,
+# and clamps uniforms into [0, 1).
+
+SPEC_VOCAB = 16
+SPEC_PARENTS = ((-1, 0, 0, 1, 1, 2), (-1, 0, 1, 2, 0, 4))
+SPEC_TOKENS = ((0, 3, 5, 1, 6, 2), (0, 4, 6, 6, 2, 7))
+SPEC_NEXT_TOKEN = ((1, 3, 5, -1, -1, -1), (1, 2, 3, -1, 5, -1))  # first child (written out by hand)
+SPEC_NEXT_SIBLING = ((-1, 2, -1, 4, -1, -1), (-1, 4, -1, -1, -1, -1))
+SPEC_FAVOURED = ((3, 6, 0, 0, 7, 0), (4, 6, 1, 0, 0, 0))  # the token each node's target row favours
+TREE_VOCAB = 8
+
+
+def spec_weight(w: float) -> int:
+    """speculative.hpp's draw weight: a float32 probability clamped to [0, 1] (NaN as 0) times 2^40."""
+    return int(min(w, 1.0) * 2.0**40) if w > 0.0 else 0
+
+
+def spec_draw(row: torch.Tensor, u: float) -> int:
+    """The first token whose running weight exceeds floor(u * total), u * total in float64; -1
+    for a row without mass (tests/kernels/test_speculative.py's draw())."""
+    weights = [spec_weight(w) for w in row.float().tolist()]
+    total = sum(weights)
+    if total == 0:
+        return -1
+    target, running = int(float(u) * float(total)), 0
+    for i, w in enumerate(weights):
+        running += w
+        if running > target:
+            return i
+    raise AssertionError("unreachable: target < total")
+
+
+def spec_uniforms(u: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor:
+    """The uniforms a kernel uses: clamped into [0, 1 - 2^-24] with NaN as 0 (CUDA's ClampUniform;
+    the identity on the only uniforms the CPU takes). None (drawn from a generator): 0.5, for
+    rows whose probabilities make every uniform give the same tokens (one-hot rows)."""
+    u = torch.full(shape, 0.5) if u is None else u.float().cpu()
+    return torch.where(u > 0, u.clamp(max=1 - 2.0**-24), torch.zeros_like(u))
+
+
+def chain_reference(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output_token_ids, accepted_counts) by the module doc's rule, request by request
+    (tests/kernels/test_speculative.py's reference()); a draft id outside [0, vocab) counts as
+    rejected (CUDA; the CPU raises on it, so its references never see one)."""
+    q, p = a["draft_probs"].float(), a["target_probs"].float()
+    ids = a["draft_token_ids"].long()
+    batch, n = ids.shape
+    vocab = p.shape[-1]
+    u = spec_uniforms(a["uniforms"], (batch, n + 1))
+    out = torch.full((batch, n + 1), -1, dtype=torch.int64)
+    accepted = torch.zeros(batch, dtype=torch.int64)
+    for b in range(batch):
+        j = 0
+        while j < n:
+            x = int(ids[b, j])
+            if not 0 <= x < vocab or not bool(u[b, j] * q[b, j, x] < p[b, j, x]):  # float32 product and compare
+                break
+            out[b, j] = x
+            j += 1
+        token = spec_draw(p[b, j] - q[b, j], u[b, n]) if j < n else -1  # the residual max(0, p - q)
+        if token < 0:
+            token = spec_draw(p[b, j], u[b, n])
+        out[b, j] = max(token, 0)
+        accepted[b] = j
+    return out, accepted
+
+
+def chain_accepted(a: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """out_accepted after a CUDA call that raised after its kernel ran."""
+    return {"out_accepted": chain_reference(a)[1]}
+
+
+def _chain_valid() -> dict[str, Any]:
+    q = torch.softmax(randn(3, 2, SPEC_VOCAB, seed=30, scale=2.0), -1)
+    p = torch.softmax(randn(3, 3, SPEC_VOCAB, seed=31, scale=2.0), -1)
+    p[:2, :2] = 0.8 * q[:2] + 0.2 * p[:2, :2]  # requests 0 and 1 close to their drafts: accepts
+    return {"draft_probs": q, "draft_token_ids": q.argmax(-1), "target_probs": p,
+            "uniforms": torch.tensor([[0.3, 0.6, 0.5], [0.2, 0.95, 0.7], [0.5, 0.5, 0.25]]), "generator": None,
+            "out_accepted": torch.full((3,), -7), "check": True}
+
+
+def _chain_spec() -> OpSpec:
+    return OpSpec(
+        "chain_speculative_sampling", "chain_speculative_sampling", mk.chain_speculative_sampling,
+        valid=_chain_valid, written=("out_accepted",), reference=chain_reference,
+        # out_tokens (allocated on draft_token_ids' device) and error come between: never the
+        # first mismatch. draft_token_ids' device picks the module.
+        verify_order=("draft_probs", "draft_token_ids", "target_probs", "uniforms", "out_accepted"),
+        router="draft_token_ids",
+    )
+
+
+def one_hot_chain(a: dict[str, Any]) -> None:
+    """Mutation: one-hot draft and target rows, so that any uniforms give the same tokens: request
+    0 accepts both drafts (bonus 9), request 1 rejects its second (correction 11), request 2 its
+    first (correction 13)."""
+    ids = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    target = torch.tensor([[1, 2, 9], [3, 11, 0], [13, 0, 0]])
+    a.update(draft_probs=torch.nn.functional.one_hot(ids, SPEC_VOCAB).float(), draft_token_ids=ids,
+             target_probs=torch.nn.functional.one_hot(target, SPEC_VOCAB).float())
+
+
+def spec_bad_rows(label: str, mutate, names: tuple[str, ...], record: tuple[str, int, int] | None,
+                  written=None) -> Iterator[Row]:
+    """A bad value inside a tensor. CPU: ValueError before any write, whatever check says. CUDA:
+    `record` ((op, flattened index, value)) when the kernel meets it: recorded, the spec's
+    reference (the kernel's way around it) with check=False, ValueError after the kernel ran with
+    check=True (`written`: what it wrote into written arguments); record None: the kernel never
+    reads it, so the call succeeds and records nothing."""
+    unchecked = lambda a: (mutate(a), a.update(check=False))  # noqa: E731
+    if not on_cuda():
+        yield raises(label, mutate, VALUE, *names)
+        yield raises(f"{label}, check=False", unchecked, VALUE, *names)
+    elif record is None:
+        yield succeeds(label, mutate)
+        yield succeeds(f"{label}, check=False", unchecked)
+    else:
+        yield Row(label, mutate, Raises(VALUE, names, written=written))
+        yield Row(f"{label}, check=False", unchecked, Succeeds(recorded=("speculative", *record)))
+
+
+def spec_flag_kind_rows(name: str) -> Iterator[Row]:
+    for label, bad in (("'no'", "no"), ("None", None), ("2", 2), ("2**64", 2**64)):
+        yield raises(f"{name} = {label}", setter(**{name: bad}), TYPE, name)
+
+
+@table("chain_speculative_sampling")
+def chain_rows(spec: OpSpec) -> Iterator[Row]:
+    # draft_probs / target_probs: float32 [batch, n (+ 1), vocab], unit last stride, any other strides.
+    for name in ("draft_probs", "target_probs"):
+        yield from tensor_kind_rows(name)
+        yield from dtype_rows(name, *FLOAT_BAD, torch.float16)
+        yield from rank_rows(name)
+        yield from meta_rows(name)
+        yield from stride_rows(name)  # transposed: the vocab dim is the one of stride != 1
+        yield succeeds(f"{name} dims 0 and 1 transposed in memory (any outer strides)",
+                       lambda a, n=name: a.update({n: a[n].transpose(0, 1).contiguous().transpose(0, 1)}))
+        yield succeeds(f"{name} position stride 20 (a slice)",
+                       lambda a, n=name: a.update({n: torch.cat([a[n], a[n][..., :4]], -1)[..., :SPEC_VOCAB]}))
+        yield succeeds(f"{name} expanded (stride 0) over the batch (read only)",
+                       lambda a, n=name: a.update({n: expanded(a[n])}))
+    yield from shape_rows("draft_probs", 0, names=("draft_probs", "draft_token_ids"))
+    yield from shape_rows("draft_probs", 1, names=("draft_probs", "draft_token_ids"))
+    yield from shape_rows("draft_probs", 2, names=("draft_probs", "target_probs"))
+    yield from shape_rows("target_probs", 0, 2, names=("target_probs", "draft_probs"))
+    yield raises("target_probs n positions (not num_draft + 1)", lambda a: a.update(target_probs=a["target_probs"][:, :2]),
+                 VALUE, "target_probs", "num_draft")
+    yield raises("target_probs num_draft + 2 positions", lambda a: a.update(target_probs=resize(a["target_probs"], 1, 1)),
+                 VALUE, "target_probs", "num_draft")
+    yield raises("empty vocab", lambda a: a.update(draft_probs=torch.empty(3, 2, 0), target_probs=torch.empty(3, 3, 0)),
+                 VALUE, "target_probs")
+
+    # draft_token_ids: int32 / int64 [batch, n], any strides.
+    yield from tensor_kind_rows("draft_token_ids")
+    yield from dtype_rows("draft_token_ids", *INDEX_BAD, torch.uint8, torch.bool)
+    yield from rank_rows("draft_token_ids")
+    yield from meta_rows("draft_token_ids")
+    yield from shape_rows("draft_token_ids", 0, 1, names=("draft_token_ids",))
+    yield succeeds("draft_token_ids int32", lambda a: a.update(draft_token_ids=a["draft_token_ids"].int()))
+    yield succeeds("draft_token_ids transposed in memory", lambda a: a.update(draft_token_ids=transposed(a["draft_token_ids"])))
+    yield succeeds("draft_token_ids inner stride 2", lambda a: a.update(draft_token_ids=non_unit_inner(a["draft_token_ids"])))
+    yield succeeds("draft_token_ids expanded (stride 0, read only)",
+                   lambda a: a.update(draft_token_ids=expanded(a["draft_token_ids"])))
+    # Out of range at draft_token_ids[1, 0] (flattened index 2; the first draft, so CUDA always
+    # meets it): request 1 is rejected there and draws its correction from the residual.
+    for value in (SPEC_VOCAB, -1, 2**62, -(2**63)):
+        yield from spec_bad_rows(f"draft_token_ids[1, 0] = {value}", set_entry("draft_token_ids", (1, 0), value),
+                                 ("draft_token_ids",), ("chain_speculative_sampling", 2, value), chain_accepted)
+    for value in (2**31 - 1, -(2**31)):
+        yield from spec_bad_rows(
+            f"draft_token_ids int32, [1, 0] = {value}",
+            lambda a, v=value: (a.update(draft_token_ids=a["draft_token_ids"].int()), a["draft_token_ids"].__setitem__((1, 0), v)),
+            ("draft_token_ids",), ("chain_speculative_sampling", 2, value), chain_accepted)
+    if on_cuda():  # several bad ids: the record keeps whichever came first, so only check=True
+        yield Row("draft_token_ids all out of range", lambda a: a["draft_token_ids"].fill_(SPEC_VOCAB),
+                  Raises(VALUE, ("draft_token_ids",), written=chain_accepted))
+    else:
+        yield raises("draft_token_ids all out of range", lambda a: a["draft_token_ids"].fill_(SPEC_VOCAB), VALUE,
+                     "draft_token_ids")
+
+    # uniforms: float32 [batch, n + 1], contiguous, in [0, 1); or None (drawn).
+    for label, bad in (("str", "tensor"), ("float", 0.5), ("list", [0.5, 0.5])):
+        yield raises(f"uniforms: {label} for a tensor", setter(uniforms=bad), TYPE, "uniforms")
+    yield from dtype_rows("uniforms", torch.float64, torch.float16)
+    yield from rank_rows("uniforms")
+    yield from meta_rows("uniforms")
+    yield from stride_rows("uniforms")
+    yield from expanded_rows("uniforms")
+    yield raises("uniforms [batch, n] (not n + 1)", lambda a: a.update(uniforms=a["uniforms"][:, :2].contiguous()), VALUE,
+                 "uniforms")
+    yield from shape_rows("uniforms", 0, names=("uniforms",))
+    for at, value in (((1, 0), 1.0), ((1, 0), -0.5), ((1, 0), math.nan), ((1, 0), math.inf), ((1, 2), math.nan),
+                      ((0, 2), 1.0)):
+        yield checked_on_cpu_clamped_on_cuda(f"uniforms[{at[0]}, {at[1]}] = {value}",
+                                             lambda a, at=at, v=value: a["uniforms"].__setitem__(at, v), "uniforms")
+    yield succeeds("uniforms all 0", lambda a: a["uniforms"].zero_())
+    yield succeeds("uniforms just below 1", lambda a: a["uniforms"].fill_(1 - 2**-24))
+    yield raises("uniforms and generator both given", setter(generator=seeded(3)), VALUE, "uniforms", "generator")
+    yield raises("generator = 'seed'", setter(uniforms=None, generator="seed"), TYPE, "generator")
+    yield raises("generator = 42", setter(uniforms=None, generator=42), TYPE, "generator")
+    yield succeeds("one-hot probs, uniforms drawn from a generator", lambda a: (one_hot_chain(a), a.update(
+        uniforms=None, generator=seeded(3))))
+    yield succeeds("one-hot probs, uniforms drawn (no generator)", lambda a: (one_hot_chain(a), a.update(uniforms=None)))
+    yield succeeds("one-hot probs, the table's uniforms", one_hot_chain)
+
+    # out_accepted: int32 / int64 [batch], contiguous, written; None allocates.
+    for label, bad in (("str", "tensor"), ("float", 1.5), ("list", [0, 0, 0])):
+        yield raises(f"out_accepted: {label} for a tensor", setter(out_accepted=bad), TYPE, "out_accepted")
+    yield from dtype_rows("out_accepted", torch.float32, torch.int16, torch.uint8)
+    yield from rank_rows("out_accepted", any_rank=False)
+    yield from meta_rows("out_accepted")
+    yield from shape_rows("out_accepted", 0, names=("out_accepted",))
+    yield raises("out_accepted inner stride 2", lambda a: a.update(out_accepted=non_unit_inner(a["out_accepted"])), VALUE,
+                 "out_accepted")
+    yield from expanded_rows("out_accepted")
+    yield succeeds("out_accepted int32", lambda a: a.update(out_accepted=a["out_accepted"].int()))
+    yield succeeds("out_accepted = None (allocated)", setter(out_accepted=None))
+
+    # Aliasing: out_accepted is written; the others are read.
+    yield raises("out_accepted is draft_token_ids' first 3 elements",
+                 lambda a: a.update(out_accepted=a["draft_token_ids"].view(-1)[:3]), VALUE, "out_accepted", "draft_token_ids")
+    for name in ("draft_probs", "target_probs", "uniforms"):
+        yield raises(f"out_accepted is {name}' bytes", lambda a, n=name: a.update(
+            out_accepted=a[n].reshape(-1)[:6].view(torch.int64)), VALUE, "out_accepted", name)
+
+    def accepted_in_gap(a):  # in the gap after draft_probs' first position: no overlap
+        buf = torch.zeros(3, 2, SPEC_VOCAB + 6)
+        buf[..., :SPEC_VOCAB] = a["draft_probs"]
+        a.update(draft_probs=buf[..., :SPEC_VOCAB], out_accepted=buf[0, 0, SPEC_VOCAB:].view(torch.int64))
+
+    yield succeeds("out_accepted in the gap between draft_probs' rows (disjoint)", accepted_in_gap)
+
+    def accepted_overlaps(a):  # the same buffer, out_accepted one element into the next row
+        buf = torch.zeros(3, 2, SPEC_VOCAB + 4)
+        buf[..., :SPEC_VOCAB] = a["draft_probs"]
+        a.update(draft_probs=buf[..., :SPEC_VOCAB], out_accepted=buf.view(-1)[SPEC_VOCAB + 2:SPEC_VOCAB + 8].view(torch.int64))
+
+    yield raises("out_accepted overlaps draft_probs' second row", accepted_overlaps, VALUE, "out_accepted", "draft_probs")
+    yield succeeds("draft_probs and target_probs[:, :n] one tensor (both read)", lambda a: a.update(
+        draft_probs=a["target_probs"][:, :2]))
+
+    # Values of the probabilities (used as given: not renormalized, clamped to [0, 1], NaN as 0).
+    yield succeeds("target_probs 0 at every draft (all rejected)", lambda a: a["target_probs"].scatter_(
+        2, torch.cat([a["draft_token_ids"], a["draft_token_ids"][:, :1]], 1).unsqueeze(-1), 0.0))
+    yield succeeds("draft_probs all 0 (q(x) = 0: accepted wherever p(x) > 0)", lambda a: a["draft_probs"].zero_())
+    yield succeeds("target_probs unnormalized (x 7)", lambda a: a["target_probs"].mul_(7))
+    yield succeeds("target_probs all 0 (no mass: token 0)", lambda a: a["target_probs"].zero_())
+    yield succeeds("target_probs NaN, inf and -1 in each row", lambda a: a["target_probs"][..., 3:6].copy_(
+        torch.tensor([math.nan, math.inf, -1.0])))
+    yield succeeds("draft_probs NaN, inf and -1 in each row", lambda a: a["draft_probs"][..., 3:6].copy_(
+        torch.tensor([math.nan, math.inf, -1.0])))
+    yield succeeds("draft_probs = target_probs[:, :n] (all accepted)", lambda a: a.update(
+        draft_probs=a["target_probs"][:, :2].clone()))
+
+    # Sizes.
+    yield succeeds("empty batch", lambda a: a.update(
+        draft_probs=torch.empty(0, 2, SPEC_VOCAB), draft_token_ids=torch.empty(0, 2, dtype=torch.long),
+        target_probs=torch.empty(0, 3, SPEC_VOCAB), uniforms=torch.empty(0, 3), out_accepted=torch.empty(0, dtype=torch.long)))
+    yield succeeds("no drafts (n = 0: the bonus token only)", lambda a: a.update(
+        draft_probs=torch.empty(3, 0, SPEC_VOCAB), draft_token_ids=torch.empty(3, 0, dtype=torch.long),
+        target_probs=a["target_probs"][:, :1], uniforms=a["uniforms"][:, :1].contiguous()))
+    yield succeeds("vocab 1", lambda a: a.update(draft_probs=torch.ones(3, 2, 1), target_probs=torch.ones(3, 3, 1),
+                                                 draft_token_ids=torch.zeros(3, 2, dtype=torch.long)))
+
+    def large_vocab(a):  # CUDA's draw: 40 chunks of 128 tokens
+        q = torch.softmax(randn(3, 2, 5000, seed=32, scale=3.0), -1)
+        p = torch.softmax(randn(3, 3, 5000, seed=33, scale=3.0), -1)
+        p[:, :2] = 0.5 * q + 0.5 * p[:, :2]
+        a.update(draft_probs=q, target_probs=p, draft_token_ids=q.argmax(-1))
+
+    yield succeeds("vocab 5000", large_vocab)
+    def batch_40(a):
+        q = torch.softmax(randn(40, 5, SPEC_VOCAB, seed=34, scale=2.0), -1)
+        p = torch.softmax(randn(40, 6, SPEC_VOCAB, seed=35, scale=2.0), -1)
+        p[:, :5] = 0.8 * q + 0.2 * p[:, :5]
+        a.update(draft_probs=q, draft_token_ids=q.argmax(-1), target_probs=p,
+                 uniforms=torch.rand(40, 6, generator=seeded(36)), out_accepted=torch.zeros(40, dtype=torch.int32))
+
+    yield succeeds("batch 40, n 5", batch_40)
+
+    yield from spec_flag_kind_rows("check")
+    yield succeeds("check = False", setter(check=False))
+    yield succeeds("check = 0", setter(check=0))
+
+
+# tree_speculative_verify: two argument forms, two table keys: sampling (target_probs [2, 6, 8],
+# uniforms [2, 6]) and greedy (target_logits [12, 8], the same rows' logs).
+
+
+def _tree_lists(batch_copies: int = 1) -> dict[str, torch.Tensor]:
+    t = lambda rows: torch.tensor(rows).repeat(batch_copies, 1)  # noqa: E731
+    return {"candidates": t(SPEC_TOKENS), "retrieve_index": torch.arange(12 * batch_copies).view(-1, 6),
+            "next_token": t(SPEC_NEXT_TOKEN), "next_sibling": t(SPEC_NEXT_SIBLING)}
+
+
+def _tree_probs(vocab: int = TREE_VOCAB, favoured: float = 0.93, shift: int = 0) -> torch.Tensor:
+    """[2, 6, vocab]: each node's row gives its favoured token (+ shift) `favoured`, the rest an
+    equal share."""
+    probs = torch.full((2, 6, vocab), (1.0 - favoured) / (vocab - 1))
+    probs.scatter_(2, torch.tensor(SPEC_FAVOURED).unsqueeze(-1) + shift, favoured)
+    return probs
+
+
+def tree_reference(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(accepted_index, accepted_token_ids, accepted_length) by the documented walk
+    (tests/kernels/test_speculative.py's walk()). Where CUDA meets a bad link (outside [1, D), a
+    node already on the path, a sibling chain longer than the tree) the walk ends with the node's
+    token as the correction; at a bad row it ends without a token (-1). The CPU raises on those,
+    so its references never see one."""
+    cand, rows_of, first, sibling = (a[n].long().tolist() for n in ("candidates", "retrieve_index", "next_token",
+                                                                         "next_sibling"))
+    target = a["target_probs"] if a.get("target_probs") is not None else a["target_logits"]
+    rows = target.float().reshape(-1, target.shape[-1])
+    batch, nodes = a["candidates"].shape
+    u = spec_uniforms(a.get("uniforms"), (batch, nodes))
+    width = (nodes - 1 if a.get("max_depth") is None else a["max_depth"]) + 1
+    index = torch.full((batch, width), -1, dtype=torch.int64)
+    tokens = torch.full((batch, width), -1, dtype=torch.int64)
+    length = torch.zeros(batch, dtype=torch.int64)
+    for b in range(batch):
+        path, toks, cur = [0], [], 0
+        while True:
+            r = rows_of[b][cur]
+            if not 0 <= r < rows.shape[0]:
+                token = -1
+                break
+            token = int(rows[r].argmax()) if a["greedy"] else max(spec_draw(rows[r], u[b, cur]), 0)
+            if len(path) >= width:
+                break
+            c, steps, nxt = first[b][cur], 0, -1
+            while c != -1:
+                if not 0 < c < nodes or steps >= nodes or c in path:
+                    break
+                if cand[b][c] == token:
+                    nxt = c
+                    break
+                c, steps = sibling[b][c], steps + 1
+            if nxt < 0:
+                break
+            path.append(nxt)
+            toks.append(token)
+            cur = nxt
+        toks.append(token)
+        index[b, :len(path)] = torch.tensor(path)
+        tokens[b, :len(toks)] = torch.tensor(toks)
+        length[b] = len(path) - 1
+    return index, tokens, length
+
+
+def _tree_spec(greedy: bool) -> OpSpec:
+    target = "target_logits" if greedy else "target_probs"
+
+    def valid():
+        a = {**_tree_lists(), "target_probs": None, "target_logits": None, "greedy": greedy,
+             "uniforms": None if greedy else torch.linspace(0.15, 0.85, 12).view(2, 6), "generator": None,
+             "max_depth": None, "check": True}
+        a[target] = _tree_probs().log().view(12, TREE_VOCAB) if greedy else _tree_probs()
+        return a
+
+    return OpSpec(
+        "tree_speculative_verify (greedy)" if greedy else "tree_speculative_verify", "tree_speculative_verify",
+        mk.tree_speculative_verify, valid=valid, reference=tree_reference,
+        # The outputs (new tensors on candidates' device) and CUDA's workspace and error come later.
+        verify_order=("candidates", "retrieve_index", "next_token", "next_sibling", target)
+        + (() if greedy else ("uniforms",)),
+    )
+
+
+def tree_link_rows(where: tuple[int, int], name: str, value: int, record: tuple[int, int] | None,
+                   why: str, names: tuple[str, ...] | None = None) -> Iterator[Row]:
+    """`name`[where] = value: a malformed tree. record: CUDA's (flattened index, value) when the
+    walk meets it, None when it never does."""
+    label = f"{name}[{where[0]}, {where[1]}] = {value} ({why})"
+    yield from spec_bad_rows(label, set_entry(name, where, value), names or (name,),
+                             None if record is None else ("tree_speculative_verify", *record))
+
+
+TREE_LISTS = ("candidates", "retrieve_index", "next_token", "next_sibling")
+
+
+def tree_argument_rows() -> Iterator[Row]:
+    """The arguments both forms check alike (in the sampling form's table only)."""
+    lists = TREE_LISTS
+    # candidates, retrieve_index, next_token, next_sibling: [batch, D] contiguous, one dtype.
+    for name in lists:
+        yield from tensor_kind_rows(name)
+        yield from dtype_rows(name, *INDEX_BAD)
+        yield from rank_rows(name)
+        yield from meta_rows(name)
+        yield from stride_rows(name)
+        yield from expanded_rows(name)
+        if name != "candidates":
+            yield raises(f"{name} int32, candidates int64", lambda a, n=name: a.update({n: a[n].int()}), TYPE, name,
+                         "candidates")
+            yield from shape_rows(name, 0, 1, names=(name, "candidates"))
+    yield raises("candidates int32, the others int64", lambda a: a.update(candidates=a["candidates"].int()), TYPE,
+                 "retrieve_index", "candidates")
+    yield succeeds("all four int32", lambda a: a.update({n: a[n].int() for n in lists}))
+    yield raises("no nodes (D = 0)", lambda a: a.update({n: torch.empty(2, 0, dtype=torch.long) for n in lists}), VALUE,
+                 "candidates")
+    yield succeeds("candidates and retrieve_index one tensor (both read)", lambda a: a.update(candidates=a["retrieve_index"]))
+    yield raises("target_probs and target_logits both given", lambda a: a.update(
+        target_probs=_tree_probs(), target_logits=_tree_probs().log()), VALUE, "target_probs", "target_logits")
+    yield raises("neither target_probs nor target_logits", setter(target_probs=None, target_logits=None), VALUE,
+                 "target_probs", "target_logits")
+    # max_depth: None (D - 1) or an int in [0, D - 1] (a path holds at most D - 1 drafts).
+    for label, bad in (("'2'", "2"), ("1.5", 1.5), ("2.0", 2.0), ("True", True), ("a tensor", torch.tensor(2))):
+        yield raises(f"max_depth = {label}", setter(max_depth=bad), TYPE, "max_depth")
+    for bad in (-1, 6, 100, 2**64, -(2**64)):  # D = 6 here
+        yield raises(f"max_depth = {bad}", setter(max_depth=bad), VALUE, "max_depth")
+    for name in ("greedy", "check"):
+        yield from spec_flag_kind_rows(name)
+    yield raises("greedy missing", lambda a: a.pop("greedy"), TYPE, "greedy")
+
+
+def tree_common_rows(target: str) -> Iterator[Row]:
+    """Rows of each form (`target`: the form's target argument): what the kernels do."""
+    lists = TREE_LISTS
+    yield succeeds("empty batch", lambda a: a.update({n: torch.empty(0, 6, dtype=torch.long) for n in lists},
+                                                     **({"uniforms": torch.empty(0, 6)} if a["uniforms"] is not None else {})))
+    yield succeeds("one node (the root only: D = 1)", lambda a: a.update(
+        {n: a[n][:, :1].clone() for n in lists}, next_token=torch.full((2, 1), -1), next_sibling=torch.full((2, 1), -1),
+        **({"uniforms": a["uniforms"][:, :1].contiguous()} if a["uniforms"] is not None else {})))
+    yield succeeds("candidates out of the vocab (never match)", lambda a: a["candidates"].add_(2**40))
+
+    # Malformed trees. The walks: request 0 0 -> 1 -> 4 (node 1's children scanned in sibling
+    # order: 3, then 4), request 1 0 -> 1 -> 2; CUDA follows only the links these scans read.
+    yield from tree_link_rows((0, 1), "next_token", 6, (1, 6), "out of range, on the walk")
+    yield from tree_link_rows((0, 1), "next_token", -2, (1, -2), "out of range, on the walk")
+    yield from tree_link_rows((0, 1), "next_token", 2**62, (1, 2**62), "out of range, on the walk")
+    yield from tree_link_rows((0, 1), "next_token", 0, (1, 0), "links to the root, on the walk")
+    yield from tree_link_rows((0, 3), "next_sibling", 0, (3, 0), "links to the root, on the walk")
+    yield from tree_link_rows((0, 3), "next_sibling", 1, (3, 1), "a cycle through node 1, on the walk",
+                              ("next_token", "next_sibling"))
+    yield from tree_link_rows((0, 4), "next_token", 1, (4, 1), "a cycle back to node 1, on the walk",
+                              ("next_token", "next_sibling"))
+    yield from tree_link_rows((0, 4), "next_token", 4, (4, 4), "node 4 its own child, on the walk",
+                              ("next_token", "next_sibling"))
+    yield from tree_link_rows((1, 2), "next_token", 7, (8, 7), "out of range, request 1's walk")
+    # Bad links the walk never follows: the CPU checks every link; CUDA never reads them.
+    yield from tree_link_rows((0, 5), "next_token", 9, None, "out of range, off the walk")
+    yield from tree_link_rows((0, 0), "next_sibling", 9, None, "the root's sibling: never followed")
+    yield from tree_link_rows((1, 4), "next_sibling", 0, None, "links to the root, after the walk's match")
+    yield from tree_link_rows((0, 2), "next_token", 3, None, "node 3 reached twice (from 1 and 2), off the walk",
+                              ("next_token", "next_sibling"))
+
+    def sibling_cycle(a):  # node 1's children 3 -> 4 -> 3 -> ...; node 4 no longer carries node 1's token
+        set_entry("next_sibling", (0, 4), 3)(a)
+        a["candidates"][0, 4] = 5
+
+    # CUDA: the chain of siblings is longer than the tree after 6 steps, at 4 -> 3.
+    yield from spec_bad_rows("a sibling cycle under node 1 (3 -> 4 -> 3), no child matching", sibling_cycle,
+                             ("next_token", "next_sibling"), ("tree_speculative_verify", 4, 3))
+    yield succeeds("next_sibling[0, 0] = 3 (the root's sibling: never followed)", set_entry("next_sibling", (0, 0), 3))
+
+    # retrieve_index: rows of the target ([batch * D, vocab] here: 12 rows).
+    for value in (12, -1, 2**62, -(2**63)):
+        yield from spec_bad_rows(f"retrieve_index[1, 2] = {value} (on request 1's walk)",
+                                 set_entry("retrieve_index", (1, 2), value), ("retrieve_index",),
+                                 ("tree_speculative_verify", 8, value))
+    yield from spec_bad_rows("retrieve_index[0, 0] = 12 (the root's row)", set_entry("retrieve_index", (0, 0), 12),
+                             ("retrieve_index",), ("tree_speculative_verify", 0, 12))
+    yield from spec_bad_rows("retrieve_index[1, 5] = 12 (off the walk)", set_entry("retrieve_index", (1, 5), 12),
+                             ("retrieve_index",), None)
+    yield succeeds("retrieve_index all 0 (every node reads row 0)", lambda a: a["retrieve_index"].zero_())
+    yield succeeds("retrieve_index reversed", lambda a: a.update(retrieve_index=a["retrieve_index"].flip(0, 1).contiguous()))
+
+    # Both forms: the target argument.
+    for label, bad in (("str", "tensor"), ("float", 1.5), ("list", [1.0, 2.0])):
+        yield raises(f"{target}: {label} for a tensor", setter(**{target: bad}), TYPE, target)
+    yield from dtype_rows(target, *FLOAT_BAD)
+    yield from meta_rows(target)
+    yield raises(f"{target} 1-D", lambda a: a.update({target: a[target].reshape(-1)}), VALUE, target)
+    yield raises(f"{target} 4-D", lambda a: a.update({target: a[target].reshape(1, 2, 6, TREE_VOCAB)}), VALUE, target)
+    yield raises(f"{target} scalar", lambda a: a.update({target: a[target].reshape(-1)[0].clone()}), VALUE, target)
+    rows = lambda a: a[target].reshape(12, TREE_VOCAB)  # noqa: E731
+    for shape in ((12, TREE_VOCAB), (2, 6, TREE_VOCAB)):
+        yield raises(f"{target} {len(shape)}-D, inner stride 2",
+                     lambda a, s=shape: a.update({target: non_unit_inner(rows(a).reshape(s))}), VALUE, target)
+        yield raises(f"{target} {len(shape)}-D, empty vocab", lambda a, s=shape: a.update({target: torch.empty(*s[:-1], 0)}),
+                     VALUE, target)
+        yield succeeds(f"{target} {len(shape)}-D", lambda a, s=shape: a.update({target: rows(a).reshape(s).clone()}))
+        yield succeeds(f"{target} {len(shape)}-D, row stride 12 (a slice)", lambda a, s=shape: a.update(
+            {target: torch.cat([rows(a), rows(a)[:, :4]], 1).reshape(*s[:-1], 12)[..., :TREE_VOCAB]}))
+    yield raises(f"{target} [batch, D, vocab] not viewable as [batch * D, vocab]", lambda a: a.update(
+        {target: a[target].reshape(2, 6, TREE_VOCAB).transpose(0, 1).contiguous().transpose(0, 1)}), VALUE, target)
+    yield raises(f"{target} transposed (vocab stride 12)", lambda a: a.update(
+        {target: transposed(a[target].reshape(12, TREE_VOCAB))}), VALUE, target)
+    yield raises(f"{target} with no rows", lambda a: a.update({target: torch.empty(0, TREE_VOCAB)}), VALUE, "retrieve_index")
+    yield succeeds(f"{target} 13 rows (one unused)", lambda a: a.update(
+        {target: torch.cat([a[target].reshape(12, TREE_VOCAB), torch.zeros(1, TREE_VOCAB)])}))
+    yield succeeds(f"{target} expanded (stride 0) over the nodes", lambda a: a.update(
+        {target: a[target].reshape(12, TREE_VOCAB)[:1].expand(12, TREE_VOCAB)}))
+    for dtype in (torch.float16, torch.bfloat16):
+        yield succeeds(f"{target} {dtype}", lambda a, d=dtype: a.update({target: a[target].to(d)}))
+    for depth in (0, 1, 5):
+        yield succeeds(f"max_depth = {depth}", setter(max_depth=depth))
+    yield succeeds("check = False", setter(check=False))
+
+    def big_batch(a):  # 100 x 6 node rows: CUDA's walk-only plan (over 4 rows per SM)
+        a.update(_tree_lists(50))
+        a[target] = a[target].reshape(12, TREE_VOCAB).repeat(50, 1)
+        if a["uniforms"] is not None:
+            a["uniforms"] = a["uniforms"].repeat(50, 1)
+
+    yield succeeds("batch 100 (CUDA's walk-only plan)", big_batch)
+    yield from spec_bad_rows("batch 100, next_token[77, 1] = 6 (CUDA's walk-only plan)",
+                             lambda a: (big_batch(a), a["next_token"].__setitem__((77, 1), 6)), ("next_token",),
+                             ("tree_speculative_verify", 77 * 6 + 1, 6))
+    yield from spec_bad_rows("batch 100, retrieve_index[77, 2] = 600 (CUDA's walk-only plan)",
+                             lambda a: (big_batch(a), a["retrieve_index"].__setitem__((77, 2), 600)), ("retrieve_index",),
+                             ("tree_speculative_verify", 77 * 6 + 2, 600))
+
+
+@table("tree_speculative_verify")
+def tree_sampling_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from tree_argument_rows()
+    yield from tree_common_rows("target_probs")
+    # uniforms: float32 [batch, D], contiguous, in [0, 1); or None (drawn).
+    for label, bad in (("str", "tensor"), ("float", 0.5), ("list", [0.5, 0.5])):
+        yield raises(f"uniforms: {label} for a tensor", setter(uniforms=bad), TYPE, "uniforms")
+    yield from dtype_rows("uniforms", torch.float64, torch.float16)
+    yield from rank_rows("uniforms")
+    yield from meta_rows("uniforms")
+    yield from stride_rows("uniforms")
+    yield from expanded_rows("uniforms")
+    yield from shape_rows("uniforms", 0, 1, names=("uniforms",))
+    for at, value in (((0, 1), 1.0), ((0, 1), -0.5), ((0, 1), math.nan), ((0, 1), math.inf), ((1, 5), math.nan)):
+        yield checked_on_cpu_clamped_on_cuda(f"uniforms[{at[0]}, {at[1]}] = {value}",
+                                             lambda a, at=at, v=value: a["uniforms"].__setitem__(at, v), "uniforms")
+    yield succeeds("uniforms all 0", lambda a: a["uniforms"].zero_())
+    yield succeeds("uniforms just below 1", lambda a: a["uniforms"].fill_(1 - 2**-24))
+    yield raises("uniforms and generator both given", setter(generator=seeded(3)), VALUE, "uniforms", "generator")
+    yield raises("generator = 'seed'", setter(uniforms=None, generator="seed"), TYPE, "generator")
+    yield raises("generator = 42", setter(uniforms=None, generator=42), TYPE, "generator")
+    one_hot = lambda a: a.update(target_probs=_tree_probs(favoured=1.0))  # noqa: E731: any uniform, the same draws
+    yield succeeds("one-hot target_probs, uniforms drawn from a generator", lambda a: (one_hot(a), a.update(
+        uniforms=None, generator=seeded(3))))
+    yield succeeds("one-hot target_probs, uniforms drawn (no generator)", lambda a: (one_hot(a), a.update(uniforms=None)))
+    yield raises("target_logits with greedy=False", setter(target_probs=None, target_logits=_tree_probs().log()), VALUE,
+                 "target_logits")
+    # Values of the probabilities (used as given).
+    yield succeeds("target_probs random rows", lambda a: a.update(
+        target_probs=torch.softmax(randn(2, 6, TREE_VOCAB, seed=37), -1)))
+    yield succeeds("target_probs all 0 (no mass: token 0)", lambda a: a["target_probs"].zero_())
+    yield succeeds("target_probs NaN, inf and -1 in each row", lambda a: a["target_probs"][..., 5:8].copy_(
+        torch.tensor([math.nan, math.inf, -1.0])))
+    yield succeeds("target_probs unnormalized (x 7)", lambda a: a["target_probs"].mul_(7))
+    yield succeeds("vocab 5000 (tokens shifted by 4000)", lambda a: (
+        a.update(target_probs=_tree_probs(5000, shift=4000)), a["candidates"].add_(4000)))
+
+
+@table("tree_speculative_verify (greedy)")
+def tree_greedy_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from tree_common_rows("target_logits")
+    yield raises("uniforms given (greedy)", setter(uniforms=torch.rand(2, 6)), VALUE, "uniforms")
+    yield raises("generator given (greedy)", setter(generator=seeded(3)), VALUE, "generator")
+    yield succeeds("target_probs instead of target_logits (greedy takes either)", lambda a: a.update(
+        target_probs=_tree_probs(), target_logits=None))
+    yield succeeds("greedy = 1", setter(greedy=1))
+    yield succeeds("target_logits all equal (ties: token 0)", lambda a: a["target_logits"].fill_(-1.0))
+    yield succeeds("target_logits -inf everywhere", lambda a: a["target_logits"].fill_(-math.inf))
+    yield succeeds("target_logits NaN (the first NaN wins), inf", lambda a: a["target_logits"][:, 5:8].copy_(
+        torch.tensor([math.inf, math.nan, math.nan])))
+    yield succeeds("target_logits huge (1e30)", lambda a: a["target_logits"].mul_(1e30))
+
+    def sliced(a):  # CUDA's argmax of a row in slices of >= 4096 tokens; ties across slices
+        logits = randn(12, 20000, seed=38)
+        logits[torch.arange(12), torch.tensor(SPEC_FAVOURED).view(-1) + 12000] = 10.0
+        logits[0, 19999] = 10.0  # a tie with the root's favoured token: the first wins
+        a.update(target_logits=logits)
+        a["candidates"].add_(12000)
+
+    yield succeeds("vocab 20000 (tokens shifted by 12000)", sliced)
+
+
+# tree_from_parents / build_tree_attention_mask: torch functions on the parents' device.
+
+
+def tree_lists_reference(a: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    """(candidates, retrieve_index, next_token, next_sibling) by a plain loop (children in index
+    order; tests/kernels/test_speculative.py's plain_lists())."""
+    parents, tokens = a["parents"].long(), a["tokens"]
+    batch, nodes = parents.shape
+    first = torch.full((batch, nodes), -1, dtype=torch.int64)
+    sibling = torch.full((batch, nodes), -1, dtype=torch.int64)
+    for b in range(batch):
+        last: dict[int, int] = {}
+        for i in range(1, nodes):
+            p = int(parents[b, i])
+            if first[b, p] == -1:
+                first[b, p] = i
+            else:
+                sibling[b, last[p]] = i
+            last[p] = i
+    return tokens.clone(), torch.arange(batch * nodes).view(batch, nodes), first, sibling
+
+
+def tree_mask_reference(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask, positions) by a plain loop (tests/kernels/test_speculative.py's plain_mask())."""
+    parents, prefix_lens = a["parents"].long(), a["prefix_lens"]
+    rows, positions = [], []
+    for b in range(parents.shape[0]):
+        nodes, prefix, pos = parents.shape[1], int(prefix_lens[b]), []
+        for i in range(nodes):
+            seen, j, depth = set(), i, 0
+            while j != -1:
+                seen.add(j)
+                j = int(parents[b, j])
+                depth += j != -1
+            rows += [True] * prefix + [k in seen for k in range(nodes)]
+            pos.append(prefix + depth)
+        positions.append(pos)
+    return torch.tensor(rows, dtype=torch.bool), torch.tensor(positions, dtype=torch.int64).view(-1, parents.shape[1])
+
+
+def tree_mask_of_length(numel: int):
+    """CUDA with a mask_numel other than the mask's length: the mask cut short or padded with False."""
+
+    def reference(a):
+        mask, positions = tree_mask_reference(a)
+        out = torch.zeros(numel, dtype=torch.bool)
+        out[:min(numel, mask.numel())] = mask[:numel]
+        return out, positions
+
+    return reference
+
+
+def _tree_from_parents_spec() -> OpSpec:
+    return OpSpec("tree_from_parents", "tree_from_parents", mk.tree_from_parents,
+                  valid=lambda: {"parents": torch.tensor(SPEC_PARENTS), "tokens": torch.tensor(SPEC_TOKENS)},
+                  reference=tree_lists_reference, verify_order=("parents", "tokens"))
+
+
+def _tree_mask_spec() -> OpSpec:
+    return OpSpec("build_tree_attention_mask", "build_tree_attention_mask", mk.build_tree_attention_mask,
+                  valid=lambda: {"parents": torch.tensor(SPEC_PARENTS), "prefix_lens": torch.tensor([3, 0]),
+                                 "mask_numel": None},
+                  reference=tree_mask_reference, verify_order=("parents", "prefix_lens"))
+
+
+def with_parents(parents: torch.Tensor) -> Callable[[dict[str, Any]], None]:
+    """Mutation: these parents (and tokens of their shape, where the op takes tokens)."""
+
+    def mutate(a):
+        a["parents"] = parents
+        if "tokens" in a:
+            a["tokens"] = torch.arange(parents.numel()).view(parents.shape)
+
+    return mutate
+
+
+def parents_rows() -> Iterator[Row]:
+    """parents: int32 / int64 [batch, D >= 1], parents[:, 0] = -1, 0 <= parents[:, i] < i."""
+    yield from tensor_kind_rows("parents")
+    yield from dtype_rows("parents", *INDEX_BAD, torch.bool)
+    yield from rank_rows("parents")
+    yield from meta_rows("parents")
+    for where, value, why in (((0, 0), 0, "the root has a parent"), ((1, 0), 5, "the root has a parent"),
+                              ((0, 3), 3, "its own parent"), ((0, 3), 4, "a later node: not in topological order"),
+                              ((1, 5), 5, "its own parent"), ((0, 3), -1, "a second root"),
+                              ((0, 3), 2**62, "out of range"), ((0, 3), -(2**63), "out of range")):
+        yield raises(f"parents[{where[0]}, {where[1]}] = {value} ({why})", set_entry("parents", where, value), VALUE,
+                     "parents")
+    yield succeeds("parents int32", lambda a: a.update(parents=a["parents"].int()))
+    yield succeeds("parents transposed in memory", lambda a: a.update(parents=transposed(a["parents"])))
+    yield succeeds("parents expanded (stride 0, read only)", lambda a: a.update(parents=expanded(a["parents"])))
+    yield succeeds("a chain of 40 nodes", with_parents(torch.arange(-1, 39).repeat(2, 1)))
+    yield succeeds("a star of 40 nodes", with_parents(torch.cat([torch.full((2, 1), -1), torch.zeros(2, 39, dtype=torch.long)], 1)))
+
+
+@table("tree_from_parents")
+def tree_from_parents_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from parents_rows()
+    # tokens: int32 / int64 of the parents' shape, on their device.
+    yield from tensor_kind_rows("tokens")
+    yield from dtype_rows("tokens", *INDEX_BAD, torch.bool)
+    yield from rank_rows("tokens")
+    yield from meta_rows("tokens")
+    yield from shape_rows("tokens", 0, 1, names=("tokens",))
+    yield raises("parents 0 nodes (D = 0)", lambda a: a.update(parents=torch.empty(2, 0, dtype=torch.long),
+                                                                tokens=torch.empty(2, 0, dtype=torch.long)), VALUE, "parents")
+    yield succeeds("tokens int32", lambda a: a.update(tokens=a["tokens"].int()))
+    yield succeeds("tokens huge values (2**62)", lambda a: a["tokens"].add_(2**62))
+    yield succeeds("tokens expanded (stride 0)", lambda a: a.update(tokens=expanded(a["tokens"])))
+    yield succeeds("tokens is parents (both read)", lambda a: a.update(tokens=a["parents"]))
+    yield succeeds("empty batch", lambda a: a.update(parents=torch.empty(0, 6, dtype=torch.long),
+                                                      tokens=torch.empty(0, 6, dtype=torch.long)))
+    yield succeeds("one node (D = 1)", lambda a: a.update(parents=torch.full((2, 1), -1), tokens=torch.zeros(2, 1, dtype=torch.long)))
+
+
+@table("build_tree_attention_mask")
+def tree_mask_rows(spec: OpSpec) -> Iterator[Row]:
+    yield from parents_rows()
+    yield raises("parents 0 nodes (D = 0)", lambda a: a.update(parents=torch.empty(2, 0, dtype=torch.long)), VALUE, "parents")
+    # prefix_lens: int32 / int64 [batch] on the parents' device, >= 0.
+    yield from tensor_kind_rows("prefix_lens")
+    yield from dtype_rows("prefix_lens", *INDEX_BAD, torch.bool)
+    yield from rank_rows("prefix_lens")
+    yield from meta_rows("prefix_lens")
+    yield from shape_rows("prefix_lens", 0, names=("prefix_lens",))
+    for value in (-1, -(2**63), 2**62):
+        yield raises(f"prefix_lens[0] = {value}", set_entry("prefix_lens", 0, value), VALUE, "prefix_lens")
+    yield succeeds("prefix_lens int32", lambda a: a.update(prefix_lens=a["prefix_lens"].int()))
+    yield succeeds("prefix_lens all 0", lambda a: a["prefix_lens"].zero_())
+    yield succeeds("prefix_lens 1000", lambda a: a["prefix_lens"].fill_(1000))
+    yield succeeds("prefix_lens expanded (stride 0)", lambda a: a.update(prefix_lens=torch.tensor([4]).expand(2)))
+    yield succeeds("prefix_lens is a column of parents (both read)", lambda a: a.update(prefix_lens=a["parents"][:, 4]))
+    yield succeeds("empty batch", lambda a: a.update(parents=torch.empty(0, 6, dtype=torch.long),
+                                                      prefix_lens=torch.empty(0, dtype=torch.long)))
+    yield succeeds("one node (D = 1)", lambda a: a.update(parents=torch.full((2, 1), -1)))
+    # mask_numel: None (computed: a sync on CUDA), or sum(D * (prefix_lens[b] + D)) = 6 * 9 + 6 * 6 = 90.
+    yield succeeds("mask_numel = 90", setter(mask_numel=90))
+    for label, bad in (("'90'", "90"), ("90.0", 90.0), ("True", True), ("a tensor", torch.tensor(90))):
+        yield raises(f"mask_numel = {label}", setter(mask_numel=bad), TYPE, "mask_numel")
+    for bad in (-1, 2**64, -(2**64)):
+        yield raises(f"mask_numel = {bad}", setter(mask_numel=bad), VALUE, "mask_numel")
+    # A mask_numel that does not match prefix_lens: check=True (the default; it reads prefix_lens,
+    # a sync on CUDA) raises on both devices; check=False reads nothing and gives the mask of that
+    # length, cut short or padded with False (never an element read out of bounds).
+    for bad in (89, 91, 0):
+        label = f"mask_numel = {bad} (not 90)"
+        yield raises(label, setter(mask_numel=bad), VALUE, "mask_numel")
+        yield succeeds(label + ", check=False", setter(mask_numel=bad, check=False),
+                       reference=tree_mask_of_length(bad))
+    yield raises("check=False without mask_numel", setter(check=False), VALUE, "mask_numel")
+
+
 # ----------------------------------------------------------------------------- module functions
 # The public ops allocate their outputs, so `out` can only alias an input through the module
 # functions themselves: these rows call them directly (the C++ contract is what must refuse).
@@ -1853,10 +2904,17 @@ def op_specs() -> dict[str, OpSpec]:
         "apply_rope": _rope_spec,
         "store_kv_cache": _kv_spec,
         "embedding": _embedding_spec,
+        "apply_penalties": lambda: _penalties_spec("token_ids"),
+        "apply_penalties (counts_or_mask)": lambda: _penalties_spec("counts_or_mask"),
         "decode_attention": _decode_spec,
         "merge_attention_states": _merge_spec,
         "prefill_attention": _prefill_spec,
         "paged_prefill_attention": _paged_prefill_spec,
+        "chain_speculative_sampling": _chain_spec,
+        "tree_speculative_verify": lambda: _tree_spec(greedy=False),
+        "tree_speculative_verify (greedy)": lambda: _tree_spec(greedy=True),
+        "tree_from_parents": _tree_from_parents_spec,
+        "build_tree_attention_mask": _tree_mask_spec,
     }
     for name in ("greedy_sample", "top_k_top_p_sample", "top_k_top_p_sample_from_uniforms", "min_p_sample",
                  "min_p_sample_from_uniforms"):
@@ -1971,17 +3029,18 @@ def place(args: dict[str, Any], devices: dict[str, str], router: str, stand_in: 
 
 
 ERROR_RECORDS = {"rope": "pop_rope_error", "kv_cache": "pop_kv_cache_error", "embedding": "pop_embedding_error",
-                 "decode_attention": "pop_decode_attention_error", "prefill_attention": "pop_prefill_attention_error"}
+                 "decode_attention": "pop_decode_attention_error", "prefill_attention": "pop_prefill_attention_error",
+                 "penalties": "pop_penalties_error", "speculative": "pop_speculative_error"}
 
 
-def pop_records(device: str) -> dict[str, tuple[int, int] | str | None]:
+def pop_records(device: str) -> dict[str, tuple[int, int] | tuple[str, int, int] | str | None]:
     """Reads and clears the CUDA device-error records of the ops that have one."""
     return {p: getattr(registry.package(p), fn)(device) for p, fn in ERROR_RECORDS.items()}
 
 
-def record_matches(recorded: tuple[int, int] | str | None, expected: tuple | None) -> bool:
-    """(index, value) records equal; a message record (decode_attention) starts with the
-    expected prefix."""
+def record_matches(recorded: tuple[int, int] | tuple[str, int, int] | str | None, expected: tuple | None) -> bool:
+    """(index, value) and (source, index, value) records (penalties) equal; a message record
+    (decode_attention) starts with the expected prefix."""
     if isinstance(recorded, str) and expected is not None and len(expected) == 1:
         return recorded.startswith(expected[0])
     return recorded == expected
@@ -2120,13 +3179,18 @@ def worker_main() -> None:
             answer = run_case(*cases[case_id])
         except BaseException as error:  # noqa: BLE001: the harness itself failed on this case
             answer = {"verdict": "fail", "detail": f"harness error {type(error).__name__}: {error}"}
-        answers.write(json.dumps({"id": case_id, **answer}) + "\n")
+        exiting = False
         if _MODE["device"] == "cuda" and answer["verdict"] == "fail":
             try:  # a CUDA error is sticky: a fresh worker for the next case
                 torch.cuda.synchronize()
                 torch.empty(1, device=CUDA0).add_(1).item()
             except Exception:  # noqa: BLE001
-                os._exit(3)
+                exiting = True
+        # `exiting` tells the parent before it sends the next case (else that case would be
+        # reported as this worker's death).
+        answers.write(json.dumps({"id": case_id, **answer, **({"exiting": True} if exiting else {})}) + "\n")
+        if exiting:
+            os._exit(3)
 
 
 # ----------------------------------------------------------------------------- the worker pool
@@ -2161,7 +3225,12 @@ class Worker:
         ready, _, _ = select.select([proc.stdout], [], [], CASE_TIMEOUT_S)
         line = proc.stdout.readline() if ready else None
         if line:
-            return json.loads(line)
+            answer = json.loads(line)
+            if answer.pop("exiting", False):  # its CUDA context is broken: it exits, a fresh one follows
+                proc.wait()
+                self.proc = None
+                self.restarts += 1
+            return answer
         if not ready:
             proc.kill()
             detail = f"hung for {CASE_TIMEOUT_S:.0f} s (worker killed)"

@@ -53,25 +53,29 @@ uniform per node: the output follows the target distribution whatever the tree.
 Outputs, in candidates' dtype: accepted_index [batch, max_depth + 1] (the local node indices of
 the path from the root, -1 padded), accepted_token_ids [batch, max_depth + 1] (the accepted draft
 tokens then the correction / bonus token, -1 padded), accepted_length [batch] (accepted drafts,
-the root excluded). max_depth (default D - 1, always enough) caps the path.
+the root excluded). max_depth (in [0, D - 1], default D - 1: always enough) caps the path.
 Sampling mode needs target_probs (float32 / float16 / bfloat16 rows, used as given); greedy
 takes either. A malformed tree (links outside [-1, D) or pointing at the root, a node reached
 twice), a row index out of range or a uniform outside [0, 1) raises on the CPU before any write;
 on CUDA the walk stops at the bad link or row, which is recorded (the same flag buffer and
 `check` rule as the chain op, `pop_speculative_error()`).
 
-tree_from_parents(parents, tokens) -> (candidates, retrieve_index, next_token, next_sibling):
-parents [batch, D] int32 / int64 with parents[:, 0] = -1 and 0 <= parents[:, i] < i (nodes in
-topological order); children are ordered by node index. torch ops on the parents' device (the
-check reads the values: a sync on CUDA).
+tree_from_parents(parents, tokens, *, check=True) -> (candidates, retrieve_index, next_token,
+next_sibling): parents [batch, D] int32 / int64 with parents[:, 0] = -1 and 0 <= parents[:, i] < i
+(nodes in topological order); children are ordered by node index. torch ops on the parents'
+device. check reads the parents (a sync on CUDA) and raises on bad ones; check=False does not
+(capturable), and bad parents then give wrong lists, never an out-of-bounds access.
 
 build_tree_attention_mask(parents, prefix_lens, *, mask_numel=None) -> (mask, positions): the
 bool mask that paged_prefill_attention's custom_mask takes when the D tree nodes are the new
 queries over prefix_lens[b] cached tokens: request b's [D, prefix_lens[b] + D] block, flattened
 query-major and concatenated; node i sees the whole prefix, its ancestors and itself.
 positions [batch, D] int64: prefix_lens[b] + depth of the node (the root at prefix_lens[b]).
-The mask's length depends on prefix_lens: give mask_numel (sum of D * (prefix_lens[b] + D)) to
-avoid reading CUDA prefix_lens on the host (and to capture it in a CUDA graph).
+The mask's length, sum of D * (prefix_lens[b] + D), depends on prefix_lens. check=True (the
+default) reads parents and prefix_lens (a sync on CUDA) and raises on bad values or a mask_numel
+that does not match. check=False reads nothing on the host and needs mask_numel; it can be
+captured in a CUDA graph. Bad values then give a wrong mask, never an out-of-bounds access, and
+entries past the real total are False.
 """
 
 from __future__ import annotations
@@ -202,6 +206,28 @@ def _(accepted_index, accepted_token_ids, accepted_length, candidates, retrieve_
     return None
 
 
+def _target_rows(op: str, name: str, target, device: torch.device) -> torch.Tensor:
+    """The target as [rows, vocab] (a [batch, D, vocab] one viewed so), checked here so that errors
+    name target_probs / target_logits (the C++ contract calls it `target`)."""
+    expect_tensor(op, name, target, SPECS)
+    if target.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"{op}: {name} must be float32, float16 or bfloat16, got {target.dtype}")
+    if target.dim() not in (2, 3):
+        raise ValueError(f"{op}: {name} must be [rows, vocab] or [batch, D, vocab], got shape {tuple(target.shape)}")
+    if target.device != device:
+        raise ValueError(f"{op}: {name} is on {target.device}, the tree on {device}")
+    if target.shape[-1] == 0:
+        raise ValueError(f"{op}: {name} has an empty vocab dim (shape {tuple(target.shape)})")
+    if target.shape[-1] > 1 and target.stride(-1) != 1:
+        raise ValueError(f"{op}: {name} must have a unit last stride, got strides {target.stride()}")
+    if target.dim() == 3:
+        if target.shape[0] > 1 and target.shape[1] > 0 and target.stride(0) != target.shape[1] * target.stride(1):
+            raise ValueError(f"{op}: {name} [batch, D, vocab] must be viewable as [batch * D, vocab], got strides "
+                             f"{target.stride()}")
+        target = target.reshape(-1, target.shape[-1])
+    return target
+
+
 def tree_speculative_verify(
     candidates: torch.Tensor,
     retrieve_index: torch.Tensor,
@@ -230,19 +256,14 @@ def tree_speculative_verify(
     if target_logits is not None and not greedy:
         raise ValueError(f"{op}: sampling (greedy=False) needs target_probs, got target_logits")
     name = "target_probs" if target_logits is None else "target_logits"
-    target = target_probs if target_logits is None else target_logits
-    expect_tensor(op, name, target, SPECS)
-    if target.dim() == 3:
-        if target.stride(-1) != 1 or (target.shape[0] > 1 and target.stride(0) != target.shape[1] * target.stride(1)):
-            raise ValueError(f"{op}: {name} [batch, D, vocab] must be viewable as [batch * D, vocab], got strides "
-                             f"{target.stride()}")
-        target = target.reshape(-1, target.shape[-1])
-    elif target.dim() != 2:
-        raise ValueError(f"{op}: {name} must be [rows, vocab] or [batch, D, vocab], got shape {tuple(target.shape)}")
+    target = _target_rows(op, name, target_probs if target_logits is None else target_logits, candidates.device)
     if max_depth is None:
         max_depth = nodes - 1
-    elif isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
-        raise ValueError(f"{op}: max_depth must be a non-negative int, got {max_depth!r}")
+    elif isinstance(max_depth, bool) or not isinstance(max_depth, int):
+        raise TypeError(f"{op}: max_depth must be an int, got {type(max_depth).__name__}")
+    elif not 0 <= max_depth < max(nodes, 1):
+        raise ValueError(f"{op}: max_depth must be in [0, num_nodes - 1 = {nodes - 1}] (a path holds at most "
+                         f"num_nodes - 1 drafts), got {max_depth}")
     if greedy:
         if uniforms is not None or generator is not None:
             raise ValueError(f"{op}: greedy verification takes no uniforms or generator")
@@ -261,35 +282,61 @@ def tree_speculative_verify(
     return accepted_index, accepted_tokens, accepted_length
 
 
-def _check_parents(op: str, parents: torch.Tensor) -> None:
-    if not isinstance(parents, torch.Tensor):
-        raise TypeError(f"{op}: parents must be a torch.Tensor, got {type(parents).__name__}")
-    if parents.dtype not in (torch.int32, torch.int64) or parents.dim() != 2 or parents.shape[1] == 0:
-        raise ValueError(f"{op}: parents must be int32 / int64 [batch, D] with D >= 1, got {parents.dtype} "
-                         f"{tuple(parents.shape)}")
+def _int_tensor(op: str, name: str, t, dims: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{op}: {name} must be int32 or int64, got {t.dtype}")
+    if t.dim() != dims:
+        raise ValueError(f"{op}: {name} must be {dims}-D, got shape {tuple(t.shape)}")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{op}: {name} is on unsupported device {str(t.device)!r}; expected a cpu or cuda tensor")
+
+
+def _check_parents(op: str, parents, check: bool) -> None:
+    """parents: int32 / int64 [batch, D >= 1]; with check, parents[:, 0] = -1 and 0 <= parents[:, i] < i
+    (reads the values: a sync on CUDA)."""
+    _int_tensor(op, "parents", parents, 2)
+    if parents.shape[1] == 0:
+        raise ValueError(f"{op}: parents needs the root column (D >= 1), got shape {tuple(parents.shape)}")
+    if not check:
+        return
     index = torch.arange(parents.shape[1], device=parents.device)
     ok = (parents[:, 0] == -1).all() & ((parents[:, 1:] >= 0) & (parents[:, 1:] < index[1:])).all()
-    if not bool(ok):  # a sync on CUDA
+    if not bool(ok):
         raise ValueError(f"{op}: parents must have parents[:, 0] = -1 and 0 <= parents[:, i] < i (topological "
                          "order)")
 
 
-def tree_from_parents(parents: torch.Tensor, tokens: torch.Tensor):
+def _parent_links(parents: torch.Tensor) -> torch.Tensor:
+    """int64 parents with every value in [0, D) (the root, and anything out of range, point at
+    the node itself), so the gathers below never index out of bounds whatever the input."""
+    index = torch.arange(parents.shape[1], device=parents.device)
+    p = parents.long()
+    return torch.where((p >= 0) & (p < index), p, index)
+
+
+def tree_from_parents(parents: torch.Tensor, tokens: torch.Tensor, *, check: bool = True):
     """(candidates, retrieve_index, next_token, next_sibling) of the trees given by parent indices
-    (module doc); children in node-index order. tokens [batch, D]: the node token ids."""
+    (module doc); children in node-index order. tokens [batch, D]: the node token ids. check=False
+    skips reading the parents (no sync; bad parents then give wrong but in-bounds lists)."""
     op = "tree_from_parents"
-    _check_parents(op, parents)
-    if not isinstance(tokens, torch.Tensor) or tokens.shape != parents.shape or tokens.dtype not in (torch.int32,
-                                                                                                    torch.int64):
-        raise ValueError(f"{op}: tokens must be int32 / int64 of the parents' shape {tuple(parents.shape)}")
+    check = check if check is True or check is False else as_bool(op, "check", check)
+    _check_parents(op, parents, check)
+    _int_tensor(op, "tokens", tokens, 2)
+    if tokens.shape != parents.shape:
+        raise ValueError(f"{op}: tokens must have the parents' shape {tuple(parents.shape)}, got {tuple(tokens.shape)}")
+    if tokens.device != parents.device:
+        raise ValueError(f"{op}: tokens is on {tokens.device}, parents on {parents.device}")
     batch, nodes = parents.shape
     dtype, device = tokens.dtype, parents.device
     index = torch.arange(nodes, device=device)
-    p = parents.long()
+    p = _parent_links(parents)
     # Node i's first child: the smallest j with parent i; its next sibling: the smallest j > i
     # with the same parent. [batch, D, D] comparisons: trees are small (D <= a few hundred).
-    is_child = p.unsqueeze(1) == index.view(1, nodes, 1)  # [b, i, j]: parent of j is i
-    sibling = (p.unsqueeze(1) == p.unsqueeze(2)) & (index.view(1, 1, nodes) > index.view(1, nodes, 1))
+    later = index.view(1, 1, nodes) > index.view(1, nodes, 1)
+    is_child = (p.unsqueeze(1) == index.view(1, nodes, 1)) & later  # [b, i, j]: j's parent is i
+    sibling = (p.unsqueeze(1) == p.unsqueeze(2)) & later & (index > 0).view(1, 1, nodes)
     sibling[:, 0, :] = False  # the root has no siblings
     none = torch.full((), nodes, device=device)
 
@@ -301,37 +348,65 @@ def tree_from_parents(parents: torch.Tensor, tokens: torch.Tensor):
     return tokens.clone(), retrieve, first(is_child), first(sibling)
 
 
-def build_tree_attention_mask(parents: torch.Tensor, prefix_lens: torch.Tensor, *, mask_numel: int | None = None):
-    """(mask, positions) of the draft trees over their cached prefixes (module doc)."""
+_MAX_PREFIX = 2**31 - 1  # attention lengths are int32
+
+
+def build_tree_attention_mask(parents: torch.Tensor, prefix_lens: torch.Tensor, *, mask_numel: int | None = None,
+                              check: bool = True):
+    """(mask, positions) of the draft trees over their cached prefixes (module doc). check=False
+    skips reading parents and prefix_lens (no sync, capturable with mask_numel given); bad values
+    then give a wrong mask, never an out-of-bounds access: entries past the real total are False."""
     op = "build_tree_attention_mask"
-    _check_parents(op, parents)
-    if not isinstance(prefix_lens, torch.Tensor) or prefix_lens.shape != parents.shape[:1] or \
-            prefix_lens.dtype not in (torch.int32, torch.int64) or prefix_lens.device != parents.device:
-        raise ValueError(f"{op}: prefix_lens must be int32 / int64 [batch] on the parents' device")
+    check = check if check is True or check is False else as_bool(op, "check", check)
+    _check_parents(op, parents, check)
+    _int_tensor(op, "prefix_lens", prefix_lens, 1)
+    if prefix_lens.shape[0] != parents.shape[0]:
+        raise ValueError(f"{op}: prefix_lens must be [batch = {parents.shape[0]}], got shape "
+                         f"{tuple(prefix_lens.shape)}")
+    if prefix_lens.device != parents.device:
+        raise ValueError(f"{op}: prefix_lens is on {prefix_lens.device}, parents on {parents.device}")
+    if mask_numel is not None:
+        if isinstance(mask_numel, bool) or not isinstance(mask_numel, int):
+            raise TypeError(f"{op}: mask_numel must be an int or None, got {type(mask_numel).__name__}")
+        if not 0 <= mask_numel < 2**62:
+            raise ValueError(f"{op}: mask_numel must be in [0, 2^62), got {mask_numel}")
+    elif not check:
+        raise ValueError(f"{op}: check=False needs mask_numel (the mask's length would need the host to read "
+                         "prefix_lens)")
     batch, nodes = parents.shape
     device = parents.device
-    index = torch.arange(nodes, device=device)
-    # ancestor-or-self by pointer doubling: after k rounds, the 2^k nearest ancestors are marked.
-    p = torch.where(parents < 0, index, parents.long())  # the root points at itself
-    anc = index.view(1, nodes, 1) == index.view(1, 1, nodes)
-    anc = anc | (p.unsqueeze(-1) == index.view(1, 1, nodes))
-    depth = (index > 0).long().expand(batch, nodes).clone()
-    jump = p
-    for _ in range(max(1, (nodes - 1).bit_length())):
-        anc = anc | anc.gather(1, jump.unsqueeze(-1).expand(batch, nodes, nodes))
-        depth = depth + depth.gather(1, jump) * (jump > 0)
-        jump = jump.gather(1, jump)
     prefix = prefix_lens.long()
+    if check:
+        low, high = (int(v) for v in torch.stack([prefix.min(), prefix.max()]).tolist()) if batch else (0, 0)
+        if low < 0 or high > _MAX_PREFIX:
+            raise ValueError(f"{op}: prefix_lens must be in [0, 2^31 - 1], got values in [{low}, {high}]")
+    prefix = prefix.clamp(0, _MAX_PREFIX)
     row = prefix + nodes
     sizes = nodes * row
     starts = torch.cumsum(sizes, 0) - sizes
-    if mask_numel is None:
-        mask_numel = int(sizes.sum())  # a sync on CUDA
+    if check:
+        total = int(sizes.sum())
+        if mask_numel is not None and mask_numel != total:
+            raise ValueError(f"{op}: mask_numel = {mask_numel}, but the trees over prefix_lens need {total}")
+        mask_numel = total
+    index = torch.arange(nodes, device=device)
+    # ancestor-or-self by pointer doubling: after k rounds, the 2^k nearest ancestors are marked.
+    p = _parent_links(parents)
+    anc = (index.view(1, nodes, 1) == index.view(1, 1, nodes)) | (p.unsqueeze(-1) == index.view(1, 1, nodes))
+    depth = (p != index).long()
+    jump = p
+    for _ in range(max(1, (nodes - 1).bit_length())):
+        anc = anc | anc.gather(1, jump.unsqueeze(-1).expand(batch, nodes, nodes))
+        depth = depth + depth.gather(1, jump)
+        jump = jump.gather(1, jump)
     e = torch.arange(mask_numel, device=device)
-    b = torch.searchsorted(starts, e, right=True) - 1
+    if batch == 0:
+        return torch.zeros(mask_numel, dtype=torch.bool, device=device), prefix.unsqueeze(1) + depth
+    b = (torch.searchsorted(starts, e, right=True) - 1).clamp(0, batch - 1)
     local = e - starts[b]
     i, k = local // row[b], local % row[b]
-    in_prefix = k < prefix[b]
+    inside = i < nodes  # False past the last request's block (check=False with a larger mask_numel)
+    i = i.clamp(max=nodes - 1)
     j = (k - prefix[b]).clamp(0, nodes - 1)
-    mask = in_prefix | anc[b, i, j]
+    mask = inside & ((k < prefix[b]) | anc[b, i, j])
     return mask, prefix.unsqueeze(1) + depth

@@ -532,3 +532,20 @@ def test_tree_mask_drives_paged_prefill_attention(device):
                 p = torch.softmax(s.masked_fill(~allowed[i], float("-inf")), 0)
                 want = p @ values[b][:, kh].double()
                 torch.testing.assert_close(out[b * nodes + i, h].cpu().double(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_attention_mask_unchecked(device):
+    """check=False reads nothing on the host (mask_numel given); a wrong mask_numel cuts the mask
+    short or pads it with False, never indexes out of bounds; check=True names the mismatch."""
+    parents = random_parents(2, 8).to(device)
+    prefix_lens = torch.tensor([3, 4], device=device)
+    want, _ = build_tree_attention_mask(parents, prefix_lens)
+    for numel in (want.numel(), want.numel() - 9, want.numel() + 9):
+        got, _ = build_tree_attention_mask(parents, prefix_lens, mask_numel=numel, check=False)
+        n = min(numel, want.numel())
+        assert got.numel() == numel and torch.equal(got[:n], want[:n]) and not got[n:].any()
+    with pytest.raises(ValueError, match="mask_numel = 5"):
+        build_tree_attention_mask(parents, prefix_lens, mask_numel=5)
+    with pytest.raises(ValueError, match="prefix_lens must be in"):
+        build_tree_attention_mask(parents, torch.tensor([3, -1], device=device))
