@@ -255,6 +255,9 @@ def tree_speculative_verify(
         raise ValueError(f"{op}: give exactly one of target_probs and target_logits")
     if target_logits is not None and not greedy:
         raise ValueError(f"{op}: sampling (greedy=False) needs target_probs, got target_logits")
+    for list_name, t in (("retrieve_index", retrieve_index), ("next_token", next_token), ("next_sibling", next_sibling)):
+        if isinstance(t, torch.Tensor) and t.device != candidates.device:  # before the target, in contract order
+            raise ValueError(f"{op}: {list_name} is on {t.device}, candidates on {candidates.device}")
     name = "target_probs" if target_logits is None else "target_logits"
     target = _target_rows(op, name, target_probs if target_logits is None else target_logits, candidates.device)
     if max_depth is None:
