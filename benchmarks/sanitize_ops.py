@@ -75,6 +75,7 @@ def run_all():
         yield f"embedding {dtype}"
     yield from decode_attention_calls()
     yield from prefill_attention_calls()
+    yield from penalties_and_speculative_calls()
 
 
 def decode_attention_calls():
@@ -172,6 +173,56 @@ def prefill_attention_calls():
         del os.environ["MLLM_KERNEL_PREFILL_BACKEND"]
     else:
         os.environ["MLLM_KERNEL_PREFILL_BACKEND"] = chosen
+
+
+def penalties_and_speculative_calls():
+    """apply_penalties from ids (vocab slices, repeats, padding, a bad id) and counts / masks; chain
+    and tree verification over both tree plans, with bad ids and links (recorded, never read)."""
+    from mllm_kernel.kernels.penalties import pop_penalties_error
+    from mllm_kernel.kernels.speculative import pop_speculative_error
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for dtype in DTYPES:
+        for batch, vocab, num_ids in ((1, 5, 3), (3, 9000, 300), (2, 20011, 9000)):
+            x = unaligned((batch, vocab), dtype)
+            ids = torch.randint(-2, vocab, (batch, num_ids), device="cuda", generator=gen)
+            mk.apply_penalties(x, ids, None, 1.2, 0.1, 0.2)
+            mk.apply_penalties(x, ids.int(), None, torch.rand(batch, device="cuda") + 0.5, 0.1, 0.2)
+            counts = torch.randint(0, 3, (batch, vocab), device="cuda", generator=gen, dtype=torch.int32)
+            mk.apply_penalties(x, None, counts, 1.2, 0.1, 0.2)
+            mk.apply_penalties(x, None, counts > 0, 1.2, 0.1, 0.2)
+            ids[0, 0] = vocab + 5
+            mk.apply_penalties(x, ids, None, 1.2, check=False)
+            if pop_penalties_error() is None:
+                raise RuntimeError("apply_penalties: a bad id was not recorded")
+        yield f"apply_penalties {dtype}"
+    for batch, vocab in ((1, 7), (3, 9000), (2, 151936)):
+        for n in (1, 3):
+            q = torch.softmax(torch.randn(batch, n, vocab, device="cuda"), -1)
+            p = torch.softmax(torch.randn(batch, n + 1, vocab, device="cuda"), -1)
+            ids = torch.randint(0, vocab, (batch, n), device="cuda", generator=gen)
+            mk.chain_speculative_sampling(q, ids, p, generator=gen)
+            ids[0, 0] = -4
+            mk.chain_speculative_sampling(q, ids.int(), p, generator=gen, check=False)
+            if pop_speculative_error() is None:
+                raise RuntimeError("chain_speculative_sampling: a bad id was not recorded")
+        walk_only = ((26, 40),) if vocab <= 9000 else ()  # more node rows than the pick-first plan takes
+        for nodes, reps in ((1, 1), (8, 1), (26, 1)) + walk_only:
+            b = batch * reps
+            parents = torch.full((b, nodes), -1, dtype=torch.int64)
+            for i in range(1, nodes):
+                parents[:, i] = torch.randint(0, i, (b,))
+            lists = [t.cuda() for t in mk.tree_from_parents(parents, torch.randint(0, min(vocab, 4), (b, nodes)))]
+            probs = torch.softmax(torch.randn(b * nodes, vocab, device="cuda") * 4, -1)
+            mk.tree_speculative_verify(*lists, target_logits=probs.bfloat16(), greedy=True)
+            mk.tree_speculative_verify(*lists, probs, greedy=False, generator=gen)
+            if nodes > 1:
+                lists[2][0, 0] = nodes + 3  # the root's first child out of range
+                mk.tree_speculative_verify(*lists, probs, greedy=True, check=False)
+                if pop_speculative_error() is None:
+                    raise RuntimeError("tree_speculative_verify: a bad link was not recorded")
+            mk.build_tree_attention_mask(parents.cuda(), torch.full((b,), 7, device="cuda"))
+        yield f"chain / tree verification, vocab {vocab}"
 
 
 def main() -> int:
