@@ -553,3 +553,38 @@ def test_tree_attention_mask_unchecked(device):
         build_tree_attention_mask(parents, prefix_lens, mask_numel=5)
     with pytest.raises(ValueError, match="prefix_lens must be in"):
         build_tree_attention_mask(parents, torch.tensor([3, -1], device=device))
+
+
+@cuda_only
+@pytest.mark.parametrize("batch", [2, 40])  # both plans on an H100
+def test_tree_cuda_graph_replay(batch):
+    """tree_speculative_verify (unchecked) and build_tree_attention_mask (check=False, mask_numel
+    given) captured once, replayed on new target rows and uniforms."""
+    seed("tree-graph", batch)
+    nodes, vocab = 26, 1000
+    parents = random_parents(batch, nodes)
+    lists = [t.cuda() for t in tree_from_parents(parents, torch.randint(0, 3, (batch, nodes)))]
+    probs = random_probs(batch * nodes, vocab, sharp=3.0).cuda()
+    u = torch.rand(batch, nodes, device="cuda")
+    prefix = torch.full((batch,), 9, device="cuda")
+    parents_cuda = parents.cuda()
+    numel = batch * nodes * (9 + nodes)
+    tree_speculative_verify(*lists, probs, greedy=False, uniforms=u)  # allocates the error record
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        sampled = tree_speculative_verify(*lists, probs, greedy=False, uniforms=u, check=False)
+        greedy = tree_speculative_verify(*lists, target_logits=probs, greedy=True, check=False)
+        mask, _ = build_tree_attention_mask(parents_cuda, prefix, mask_numel=numel, check=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        probs.copy_(random_probs(batch * nodes, vocab, sharp=3.0))
+        u.copy_(torch.rand(batch, nodes))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, kwargs in ((sampled, dict(target_probs=probs, greedy=False, uniforms=u)),
+                            (greedy, dict(target_logits=probs, greedy=True))):
+            want = tree_speculative_verify(*lists, **kwargs)
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+        assert torch.equal(mask, build_tree_attention_mask(parents_cuda, prefix)[0])
