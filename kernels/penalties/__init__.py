@@ -6,7 +6,7 @@ apply_penalties(logits, token_ids=None, counts_or_mask=None, repetition=1.0, fre
 Each token v of row b with count c > 0 (its occurrences in token_ids[b], or counts_or_mask[b, v])
 gets, in float32 and rounded once to the logits' dtype:
     x = x / repetition if x > 0 else x * repetition
-    x = x - frequency * c - presence
+    x = x - (frequency * c + presence)
 Tokens with c = 0 are left untouched (not even rewritten). This is the rule of HF transformers'
 repetition penalty and OpenAI's frequency / presence penalties. vLLM applies repetition over prompt
 and output tokens but frequency / presence over output tokens only: call twice for that, once with
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -98,7 +99,7 @@ def _per_row(value, name: str, logits: torch.Tensor, positive: bool) -> torch.Te
     side checks its dtype, shape and device, and on the CPU its values)."""
     if isinstance(value, torch.Tensor):
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"apply_penalties: {name} must be a float or a float32 tensor, got {type(value).__name__}")
     try:
         value = float(value)

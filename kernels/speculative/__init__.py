@@ -2,12 +2,13 @@
 sampling, draft-tree verification, and the tree's attention mask.
 
 chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, *, uniforms=None,
-                           generator=None, out_accepted=None) -> (output_token_ids, accepted_counts)
+                           generator=None, out_accepted=None, check=True)
+    -> (output_token_ids, accepted_counts)
 
 Exact rejection sampling of a chain of n draft tokens per request:
   - draft j (token x) is accepted when u[j] * q(x) < p(x), i.e. with probability min(1, p(x)/q(x)),
-    where q = draft_probs[b, j] and p = target_probs[b, j]. The test is strict: a token with
-    p(x) = 0 is never accepted, whatever the uniform.
+    where q = draft_probs[b, j] (clamped at 0) and p = target_probs[b, j]. The test is strict: a
+    token with p(x) = 0 is never accepted, whatever the uniform.
   - at the first rejection j, the token at position j is drawn from normalize(max(0, p - q))
     (from p itself in the degenerate case where that residual has no mass), and positions
     j + 1 .. n are -1;
@@ -21,7 +22,7 @@ any mass gives token 0.
 
 draft_probs: float32 [batch, n, vocab]; draft_token_ids: int32 / int64 [batch, n];
 target_probs: float32 [batch, n + 1, vocab] (unit last stride, any other strides; the probs are
-used as given, not renormalized); uniforms: float32 [batch, n + 1] in [0, 1) (drawn with torch,
+used as given, not renormalized; vocab < 2^24, so 64-bit weight sums cannot overflow); uniforms: float32 [batch, n + 1] in [0, 1) (drawn with torch,
 from `generator` when given, if None). Returns output_token_ids [batch, n + 1] of
 draft_token_ids' dtype and accepted_counts [batch] (the number of accepted drafts; int64, or
 written into `out_accepted`, int32 / int64 [batch], when given).
@@ -54,11 +55,14 @@ Outputs, in candidates' dtype: accepted_index [batch, max_depth + 1] (the local 
 the path from the root, -1 padded), accepted_token_ids [batch, max_depth + 1] (the accepted draft
 tokens then the correction / bonus token, -1 padded), accepted_length [batch] (accepted drafts,
 the root excluded). max_depth (in [0, D - 1], default D - 1: always enough) caps the path.
-Sampling mode needs target_probs (float32 / float16 / bfloat16 rows, used as given); greedy
-takes either. A malformed tree (links outside [-1, D) or pointing at the root, a node reached
-twice), a row index out of range or a uniform outside [0, 1) raises on the CPU before any write;
-on CUDA the walk stops at the bad link or row, which is recorded (the same flag buffer and
-`check` rule as the chain op, `pop_speculative_error()`).
+Sampling mode needs target_probs (float32 / float16 / bfloat16 rows, used as given, vocab <
+2^24); greedy takes either. On the CPU a malformed tree (links outside [-1, D) or pointing at the
+root, a node reached twice), a row index out of range or a uniform outside [0, 1) raises before
+any write. CUDA checks only what its walk uses. A bad link it follows, a repeated node on its
+path, or the row of a node on its path out of range is recorded, and the walk stops there. This
+uses its own flag buffer, allocated on the first call per device, so call the op once before
+capturing a graph; the `check` rule is the chain op's, and `pop_speculative_error()` reads both.
+Problems off the path go unnoticed on CUDA.
 
 tree_from_parents(parents, tokens, *, check=True) -> (candidates, retrieve_index, next_token,
 next_sibling): parents [batch, D] int32 / int64 with parents[:, 0] = -1 and 0 <= parents[:, i] < i
@@ -66,7 +70,7 @@ next_sibling): parents [batch, D] int32 / int64 with parents[:, 0] = -1 and 0 <=
 device. check reads the parents (a sync on CUDA) and raises on bad ones; check=False does not
 (capturable), and bad parents then give wrong lists, never an out-of-bounds access.
 
-build_tree_attention_mask(parents, prefix_lens, *, mask_numel=None) -> (mask, positions): the
+build_tree_attention_mask(parents, prefix_lens, *, mask_numel=None, check=True) -> (mask, positions): the
 bool mask that paged_prefill_attention's custom_mask takes when the D tree nodes are the new
 queries over prefix_lens[b] cached tokens: request b's [D, prefix_lens[b] + D] block, flattened
 query-major and concatenated; node i sees the whole prefix, its ancestors and itself.
@@ -80,12 +84,15 @@ entries past the real total are False.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from mllm_kernel.kernels.device_errors import DeviceErrorRecord
 from mllm_kernel.kernels.op_modules import DeviceModules, as_bool, custom_op, expect_tensor, op_specs
 
 _KERNEL_NAMES = ("chain_speculative_sampling", "tree_speculative_verify")
+_TREE_PICKS_PER_NODE = 16  # speculative.hpp's kTreePicksPerNode
 EXPORTS = ("chain_speculative_sampling", "tree_speculative_verify", "tree_from_parents", "build_tree_attention_mask")
 SPECS = op_specs(__file__, _KERNEL_NAMES)
 _modules = DeviceModules(SPECS)
@@ -96,9 +103,9 @@ _errors = DeviceErrorRecord(
 )
 _tree_errors = DeviceErrorRecord(
     "tree_speculative_verify",
-    "node (flattened)[{index}] links to {value}: a next_token / next_sibling outside [1, D) or closing a cycle, "
-    "or a retrieve_index outside [0, target rows) (recorded on {device} by this call or an earlier unchecked one; "
-    "the walk stopped there)",
+    "node (flattened)[{index}] has a bad link or row, {value}: a next_token / next_sibling outside [1, D) or "
+    "repeating a node of the path, or a retrieve_index outside [0, target rows) (recorded on {device} by this call "
+    "or an earlier unchecked one; the walk stopped there)",
 )
 
 
@@ -191,8 +198,9 @@ def _tree(
     check: bool,
 ) -> None:
     device = candidates.device
-    # CUDA's per-node picks: up to 16 slices of a row (speculative.cuh).
-    picks = torch.empty(candidates.numel() * 16 if device.type == "cuda" else 0, dtype=torch.int64, device=device)
+    # CUDA's per-node picks: up to 16 slices of a row (speculative.cuh, kTreePicksPerNode).
+    picks = torch.empty(candidates.numel() * _TREE_PICKS_PER_NODE if device.type == "cuda" else 0, dtype=torch.int64,
+                        device=device)
     _modules[device.type].tree_speculative_verify(accepted_index, accepted_token_ids, accepted_length, candidates,
                                                   retrieve_index, next_token, next_sibling, target, uniforms, greedy,
                                                   picks, _tree_errors[device])
@@ -221,7 +229,7 @@ def _target_rows(op: str, name: str, target, device: torch.device) -> torch.Tens
     if target.shape[-1] > 1 and target.stride(-1) != 1:
         raise ValueError(f"{op}: {name} must have a unit last stride, got strides {target.stride()}")
     if target.dim() == 3:
-        if target.shape[0] > 1 and target.shape[1] > 0 and target.stride(0) != target.shape[1] * target.stride(1):
+        if target.shape[0] > 1 and target.shape[1] > 1 and target.stride(0) != target.shape[1] * target.stride(1):
             raise ValueError(f"{op}: {name} [batch, D, vocab] must be viewable as [batch * D, vocab], got strides "
                              f"{target.stride()}")
         target = target.reshape(-1, target.shape[-1])
@@ -262,7 +270,7 @@ def tree_speculative_verify(
     target = _target_rows(op, name, target_probs if target_logits is None else target_logits, candidates.device)
     if max_depth is None:
         max_depth = nodes - 1
-    elif isinstance(max_depth, bool) or not isinstance(max_depth, int):
+    elif isinstance(max_depth, bool) or not isinstance(max_depth, numbers.Integral):
         raise TypeError(f"{op}: max_depth must be an int, got {type(max_depth).__name__}")
     elif not 0 <= max_depth < max(nodes, 1):
         raise ValueError(f"{op}: max_depth must be in [0, num_nodes - 1 = {nodes - 1}] (a path holds at most "

@@ -59,9 +59,13 @@ MLLM_KERNEL_SPEC_HD uint64_t DrawTarget(float u, uint64_t total) {
   return static_cast<uint64_t>(static_cast<double>(ClampUniform(u)) * static_cast<double>(total));
 }
 
-/*! \brief The accept test of draft token x: u * q(x) < p(x), float32. Strict, so a token the
- *  target gives probability 0 is never accepted; with q(x) = 0 < p(x) it always is. */
-MLLM_KERNEL_SPEC_HD bool Accepts(float u, float p, float q) { return ClampUniform(u) * q < p; }
+/*! \brief The accept test of draft token x: u * q(x) < p(x), float32, with q clamped at 0 (NaN as
+ *  0). Strict, so a token the target gives probability 0 is never accepted; with q(x) = 0 < p(x)
+ *  it always is. */
+MLLM_KERNEL_SPEC_HD bool Accepts(float u, float p, float q) { return ClampUniform(u) * (q > 0.0f ? q : 0.0f) < p; }
+
+/*! \brief The longest row a draw takes: vocab * 2^40 must stay below 2^64 (uint64 sums). */
+inline constexpr int64_t kMaxDrawVocab = (int64_t{1} << 24) - 1;
 
 /*! \brief A verified call. Strides in elements. */
 struct ChainArgs {
@@ -107,6 +111,8 @@ ChainArgs VerifyChain(tvm::ffi::TensorView out_tokens, tvm::ffi::TensorView out_
   ValueCheck(n1.unwrap() == n.unwrap() + 1, op, ": argument 'target_probs': dim 1 must be num_draft + 1 = ",
              n.unwrap() + 1, " (draft_probs has ", n.unwrap(), " positions), got ", n1.unwrap());
   ValueCheck(vocab.unwrap() > 0, op, ": argument 'target_probs': the vocab dim must be non-empty");
+  ValueCheck(vocab.unwrap() <= kMaxDrawVocab, op, ": argument 'target_probs': vocab ", vocab.unwrap(),
+             " is over 2^24 - 1 (draws sum 2^40-scaled integer weights in 64 bits)");
   TensorMatcher({batch, n1}).for_op(op).with_dtype<float>().with_device(device).verify(uniforms, "uniforms");
   TensorMatcher({batch, n1}).for_op(op).with_dtype(id_dtype).with_device(device).verify(out_tokens, "out_tokens");
   TensorMatcher({batch})
@@ -141,7 +147,7 @@ struct TreeArgs {
 };
 
 /*! \brief tree_speculative_verify(accepted_index, accepted_tokens, accepted_length, candidates,
- *  retrieve_index, next_token, next_sibling, target, uniforms, greedy, error).
+ *  retrieve_index, next_token, next_sibling, target, uniforms, greedy, workspace, error).
  *
  * candidates, retrieve_index, next_token, next_sibling: [batch, D] int32/int64, contiguous;
  * target: [rows, vocab] float32/float16/bfloat16 (probs; logits too when greedy), unit last
@@ -177,6 +183,8 @@ TreeArgs VerifyTree(tvm::ffi::TensorView accepted_index, tvm::ffi::TensorView ac
       .with_strides({stride, 1})
       .verify(target, "target");
   ValueCheck(vocab.unwrap() > 0, op, ": argument 'target': the vocab dim must be non-empty");
+  ValueCheck(greedy || vocab.unwrap() <= kMaxDrawVocab, op, ": argument 'target': vocab ", vocab.unwrap(),
+             " is over 2^24 - 1 (draws sum 2^40-scaled integer weights in 64 bits)");
   if (!greedy) {
     TensorMatcher({batch, nodes}).for_op(op).with_dtype<float>().with_device(device).verify(uniforms, "uniforms");
   }

@@ -432,7 +432,7 @@ def test_tree_cuda_bad_link_recorded():
     sibling = torch.full((1, 4), -1, device="cuda")
     probs = torch.zeros(4, 5, device="cuda")
     probs[:, 1] = 1.0
-    with pytest.raises(ValueError, match=r"node \(flattened\)\[1\] links to 7"):
+    with pytest.raises(ValueError, match=r"node \(flattened\)\[1\] has a bad link or row, 7"):
         tree_speculative_verify(candidates, retrieve, first, sibling, probs, greedy=True)
     index, toks, length = tree_speculative_verify(candidates, retrieve, first, sibling, probs, greedy=True,
                                                   check=False)
@@ -588,3 +588,14 @@ def test_tree_cuda_graph_replay(batch):
             want = tree_speculative_verify(*lists, **kwargs)
             assert all(torch.equal(g, w) for g, w in zip(got, want))
         assert torch.equal(mask, build_tree_attention_mask(parents_cuda, prefix)[0])
+
+
+def test_tree_target_views_and_numpy_scalars():
+    """A [batch, D, vocab] target that is a view with D = 1 (any row stride) is accepted, and so
+    are numpy integers for max_depth."""
+    import numpy as np
+
+    probs = torch.softmax(torch.randn(2, 3, 10), -1)[:, :1]  # strides (30, 10, 1)
+    lists = tree_from_parents(torch.full((2, 1), -1), torch.zeros(2, 1, dtype=torch.int64))
+    index, toks, length = tree_speculative_verify(*lists, target_logits=probs, greedy=True, max_depth=np.int64(0))
+    assert toks[:, 0].tolist() == probs[:, 0].argmax(-1).tolist() and length.tolist() == [0, 0]
