@@ -51,6 +51,7 @@ from mllm_kernel.kernels.penalties.cases import (  # noqa: E402
     REPETITION,
     eager_penalties_from_ids,
 )
+from mllm_kernel.kernels.speculative.cases import eager_chain  # noqa: E402
 from mllm_kernel.kernels.speculative import (  # noqa: E402
     chain_speculative_sampling,
     tree_from_parents,
@@ -63,27 +64,6 @@ try:
     import flashinfer.sampling as fis
 except Exception:  # noqa: BLE001 - no FlashInfer column
     fis = None
-
-
-def eager_chain(q, ids, p, u):
-    """Chain rejection sampling in torch ops (the same accept test; float cumsum for the draw)."""
-    batch, n, vocab = q.shape
-    rows = torch.arange(batch, device=q.device)
-    idx = ids.long().unsqueeze(-1)
-    px = p[:, :n].gather(2, idx).squeeze(-1)
-    qx = q.gather(2, idx).squeeze(-1)
-    rejected = ~(u[:, :n] * qx < px)
-    first = torch.where(rejected.any(1), rejected.int().argmax(1), n)
-    p_j = p[rows, first]
-    q_j = torch.where((first < n).unsqueeze(-1), q[rows, first.clamp_max(n - 1)], 0.0)
-    w = (p_j - q_j).clamp_min(0.0)
-    w = torch.where(w.sum(-1, keepdim=True) > 0, w, p_j)
-    cdf = w.cumsum(-1)
-    token = torch.searchsorted(cdf, u[:, n:] * cdf[:, -1:], right=True).clamp_max(vocab - 1).squeeze(-1)
-    cols = torch.arange(n + 1, device=q.device)
-    out = torch.where(cols < first.unsqueeze(-1), torch.cat([ids.long(), ids.new_zeros(batch, 1).long()], 1), -1)
-    out[rows, first] = token
-    return out, first
 
 
 def chain_inputs(batch, n, vocab, device, gen):
