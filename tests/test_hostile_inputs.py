@@ -2086,24 +2086,10 @@ SPEC_FAVOURED = ((3, 6, 0, 0, 7, 0), (4, 6, 1, 0, 0, 0))  # the token each node'
 TREE_VOCAB = 8
 
 
-def spec_weight(w: float) -> int:
-    """speculative.hpp's draw weight: a float32 probability clamped to [0, 1] (NaN as 0) times 2^40."""
-    return int(min(w, 1.0) * 2.0**40) if w > 0.0 else 0
-
-
 def spec_draw(row: torch.Tensor, u: float) -> int:
-    """The first token whose running weight exceeds floor(u * total), u * total in float64; -1
-    for a row without mass (tests/kernels/test_speculative.py's draw())."""
-    weights = [spec_weight(w) for w in row.float().tolist()]
-    total = sum(weights)
-    if total == 0:
-        return -1
-    target, running = int(float(u) * float(total)), 0
-    for i, w in enumerate(weights):
-        running += w
-        if running > target:
-            return i
-    raise AssertionError("unreachable: target < total")
+    """kernels/speculative/cases.py's draw over a probability row (-1 for a row without mass)."""
+    weight = ref("speculative", "ref_weight")
+    return ref("speculative", "ref_draw")([weight(w) for w in row.float().tolist()], u)
 
 
 def spec_uniforms(u: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor:
@@ -2129,7 +2115,7 @@ def chain_reference(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         j = 0
         while j < n:
             x = int(ids[b, j])
-            if not 0 <= x < vocab or not bool(u[b, j] * q[b, j, x] < p[b, j, x]):  # float32 product and compare
+            if not 0 <= x < vocab or not bool(u[b, j] * q[b, j, x].clamp_min(0) < p[b, j, x]):  # float32, q >= 0
                 break
             out[b, j] = x
             j += 1
