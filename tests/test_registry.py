@@ -1,5 +1,6 @@
 """The op registry (mllm_kernel.kernels) against Bazel's list of kernels and the public API."""
 
+import glob
 import os
 import re
 
@@ -40,6 +41,16 @@ def test_top_level_exports_come_from_the_registry():
         assert getattr(mk, export) is getattr(kernels.package(package), export)
     with pytest.raises(AttributeError):
         mk.no_such_op  # noqa: B018
+
+
+def test_every_test_file_runs_pytest_as_a_script():
+    """Bazel runs a py_test file as a script: without a pytest.main call at the bottom it defines
+    its tests, runs none, and passes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = glob.glob(os.path.join(here, "**", "test_*.py"), recursive=True)
+    assert len(files) > 10, files
+    silent = [f for f in files if "pytest.main(" not in open(f, encoding="utf-8").read()]
+    assert not silent, f"test files that would pass under Bazel without running a test: {silent}"
 
 
 if __name__ == "__main__":

@@ -331,3 +331,7 @@ def test_empty_vocab_rejects_every_id(device):
     apply_penalties(torch.empty(2, 0, device=device), torch.full((2, 3), -1, device=device))
     with pytest.raises(ValueError, match=r"token_ids \(flattened\)\[0\] = 0 is out of range"):
         apply_penalties(torch.empty(2, 0, device=device), torch.tensor([[0, -1], [-1, -1]], device=device))
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-v"]))

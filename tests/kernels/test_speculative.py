@@ -599,3 +599,7 @@ def test_tree_target_views_and_numpy_scalars():
     lists = tree_from_parents(torch.full((2, 1), -1), torch.zeros(2, 1, dtype=torch.int64))
     index, toks, length = tree_speculative_verify(*lists, target_logits=probs, greedy=True, max_depth=np.int64(0))
     assert toks[:, 0].tolist() == probs[:, 0].argmax(-1).tolist() and length.tolist() == [0, 0]
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-v"]))
