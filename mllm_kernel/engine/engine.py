@@ -56,11 +56,7 @@ class Engine:
     def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor], *, device=None, dtype=None,
                  max_batch: int = 16, num_blocks: int | None = None, block_size: int = 16,
                  max_seq_len: int | None = None, max_prefill_tokens: int = 8192, cuda_graphs: bool = True):
-        device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        if device.type not in ("cpu", "cuda"):
-            raise ValueError(f"Engine: device must be a cpu or cuda device, got {device}")
+        device = _device(device)
         dtype = dtype if dtype is not None else (torch.bfloat16 if device.type == "cuda" else torch.float32)
         allowed = (torch.float16, torch.bfloat16) + ((torch.float32,) if device.type == "cpu" else ())
         if dtype not in allowed:
@@ -105,11 +101,12 @@ class Engine:
 
     @classmethod
     def from_config(cls, config, *, seed: int = 0, **kwargs) -> "Engine":
-        """Seeded random weights (weights.random_state_dict) for a config: a ModelConfig, a
-        config.json dict or a transformers config."""
+        """Seeded random weights (weights.random_state_dict, drawn on the engine's device) for a
+        config: a ModelConfig, a config.json dict or a transformers config."""
         if not isinstance(config, ModelConfig):
             config = ModelConfig.from_hf(config)
-        return cls(config, W.random_state_dict(config, seed), **kwargs)
+        device = _device(kwargs.pop("device", None))
+        return cls(config, W.random_state_dict(config, seed, device), device=device, **kwargs)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under Hugging Face names (load them into transformers to compare)."""
@@ -272,6 +269,16 @@ class Engine:
             logits = self.model.forward(self._decode_batch(inputs))
         self._graphs[bucket] = (graph, inputs, logits)
         return self._graphs[bucket]
+
+
+def _device(device) -> torch.device:
+    """The engine's device: the given one, else CUDA when there is a GPU, else the CPU."""
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"Engine: device must be a cpu or cuda device, got {device}")
+    return device
 
 
 def _sample(logits: torch.Tensor, s: _Sampling, generator) -> torch.Tensor:

@@ -54,13 +54,14 @@ def hf_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def random_state_dict(c: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+def random_state_dict(c: ModelConfig, seed: int, device="cpu") -> dict[str, torch.Tensor]:
     """Seeded float32 weights under Hugging Face names: matrices and biases ~ N(0, initializer_range),
-    norm scales ~ 1 + N(0, 0.1) (not all ones, so that a norm weight applied wrong shows)."""
-    g = torch.Generator().manual_seed(seed)
+    norm scales ~ 1 + N(0, 0.1) (not all ones, so that a norm weight applied wrong shows). Drawn by
+    `device`'s generator (a GPU draws billions in milliseconds); the values depend on its type."""
+    g = torch.Generator(device).manual_seed(seed)
     out = {}
     for name, shape in hf_shapes(c).items():
-        t = torch.randn(shape, generator=g, dtype=torch.float32)
+        t = torch.randn(shape, generator=g, dtype=torch.float32, device=device)
         out[name] = 1.0 + 0.1 * t if name.endswith("norm.weight") else c.initializer_range * t
     return out
 
