@@ -99,6 +99,7 @@ def engine_runner(engine: Engine, graphs: bool, attention: Attention):
     def run(prompts, n):
         engine.cuda_graphs, engine.model.attention = graphs, attention
         return engine.generate(prompts, n)
+    run.attention = attention
     return run
 
 
@@ -122,17 +123,21 @@ def categorize(name: str) -> str:
     return "other"
 
 
-def gpu_time_by_category(fn) -> dict[str, float]:
-    """Total CUDA kernel time (s) per category while fn runs."""
+def decode_gpu_time_by_category(fn, steps: int) -> dict[str, float]:
+    """CUDA kernel time (s) per category and per decode step while fn (a generate call with one
+    prefill and `steps` decode steps) runs: the kernels that start after the last prefill
+    attention kernel ends, divided by steps."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    prefill_end = max(e.time_range.end for e in kernels if "prefill" in e.name.lower())
     totals = {"gemm": 0.0, "ours": 0.0, "flashinfer": 0.0, "other": 0.0}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            totals[categorize(e.name)] += e.device_time_total * 1e-6  # us -> s (self time of a kernel)
+    for e in kernels:
+        if e.time_range.start >= prefill_end:
+            totals[categorize(e.name)] += e.device_time_total * 1e-6 / steps  # us -> s
     return totals
 
 
@@ -169,6 +174,28 @@ def main(argv=None) -> int:
         hf.load_state_dict(engine.state_dict())
         contenders["transformers (sdpa)"] = hf_runner(hf.eval())
 
+    if not args.no_hf:  # accuracy: request 0's first-token logits against transformers in float32
+        with torch.device("cuda"):
+            hf32 = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**config.to_hf()),
+                                                                 dtype=torch.float32, attn_implementation="sdpa")
+        hf32.load_state_dict({k: v.float() for k, v in engine.state_dict().items()})
+        attentions = {"ours": engine.model.attention}
+        if args.flashinfer:
+            attentions["FlashInfer"] = contenders["ours + FlashInfer attn (eager)"].attention
+        for plen in prompt_lens:
+            prompt = torch.randint(0, config.vocab_size, (1, plen))
+            with torch.no_grad():
+                want = hf32(prompt.cuda()).logits[0, -1].float()
+                errs = {"transformers bf16": (hf(prompt.cuda()).logits[0, -1].float() - want).abs().max().item()}
+            for name, attention in attentions.items():
+                engine.cuda_graphs, engine.model.attention = False, attention
+                got = engine.generate(prompt.tolist(), 1, return_logits=True)[1][0][0].cuda()
+                errs[name] = (got - want).abs().max().item()
+            print(f"# prompt {plen}: max |logit - transformers float32| of the first new token (logit std "
+                  f"{want.std().item():.2f}): " + ", ".join(f"{k} {v:.3f}" for k, v in errs.items()))
+        del hf32
+        engine.model.attention = attentions["ours"]
+
     rows = []
     print(f"{'prompt':>6} {'batch':>5}  {'contender':<32} {'prefill ms':>10} {'decode tok/s':>12} {'ms/step':>8} {'match':>5}")
     for plen in prompt_lens:
@@ -193,16 +220,14 @@ def main(argv=None) -> int:
                 print(f"{plen:>6} {b:>5}  {r['contender']:<32} {r['prefill_s'] * 1e3:>10.1f} "
                       f"{r['decode_tok_s']:>12.0f} {r['step_s'] * 1e3:>8.2f} {match:>5}")
 
-    # Where a decode step goes: eager profile of (new + 1) - 1 generate, per step; graphed wall time.
+    # Where a decode step goes: the kernels of eager decode steps (profiler); graphed wall time.
     breakdown = []
     for plen in prompt_lens:
         for b in batches:
             prompts = torch.randint(0, config.vocab_size, (b, plen)).tolist()
             eager = contenders["ours (eager)"]
             n = 16
-            full = gpu_time_by_category(lambda: eager(prompts, n + 1))
-            pre = gpu_time_by_category(lambda: eager(prompts, 1))
-            per_step = {k: (full[k] - pre[k]) / n for k in full}
+            per_step = decode_gpu_time_by_category(lambda: eager(prompts, n + 1), n)
             graphed = next(r for r in rows if r["prompt"] == plen and r["batch"] == b
                            and r["contender"] == "ours (graphs)")["step_s"]
             eager_step = next(r for r in rows if r["prompt"] == plen and r["batch"] == b

@@ -182,7 +182,8 @@ def test_sampling_top_k_top_p_min_p(device):
     prompts = random_prompts([6, 31, 2], config.vocab_size)
     greedy = engine.generate(prompts, 8)
     assert engine.generate(prompts, 8, temperature=0.8, top_k=1, seed=1) == greedy
-    slack = 1e-4 if dtype == torch.float32 else 0.1  # logit slack for the engine's own rounding
+    # The engine's own rounding: logit slack, and probability mass slack at a nucleus boundary.
+    slack, mass_slack = (1e-4, 1e-3) if dtype == torch.float32 else (0.1, 0.05)
     for kw in (dict(top_k=5), dict(top_p=0.3), dict(min_p=0.4), dict(top_k=20, top_p=0.6, min_p=0.2)):
         tokens = engine.generate(prompts, 10, temperature=0.7, seed=2, **kw)
         assert tokens == engine.generate(prompts, 10, temperature=0.7, seed=2, **kw), "same seed, other tokens"
@@ -194,7 +195,7 @@ def test_sampling_top_k_top_p_min_p(device):
                     assert (row > row[t] + slack).sum() < kw["top_k"], (kw, step)
                 probs = row.double().softmax(-1)
                 if "top_p" in kw:  # the mass strictly above it is below top_p
-                    assert probs[row > row[t] + slack].sum() < kw["top_p"] + 1e-3, (kw, step)
+                    assert probs[row > row[t] + slack].sum() < kw["top_p"] + mass_slack, (kw, step)
                 if "min_p" in kw and len(kw) == 1:
                     assert probs[t] >= kw["min_p"] * probs.max() * (1 - slack) - 1e-6, (kw, step)
 

@@ -74,6 +74,10 @@ def main(argv=None) -> int:
     failed = sum(not ok for _, ok, _ in checks.results)
     print(f"\n{len(checks.results) - failed}/{len(checks.results)} checks passed ({time.time() - t0:.0f}s)\n")
 
+    from mllm_kernel.engine import demo  # the library doing its real job: a model served by it
+
+    print("\n".join(demo.run(device)) + "\n", flush=True)
+
     if not args.no_bench:
         bench = load_bench_ops()
         if bench is None:
