@@ -125,19 +125,29 @@ def categorize(name: str) -> str:
 
 def decode_gpu_time_by_category(fn, steps: int) -> dict[str, float]:
     """CUDA kernel time (s) per category and per decode step while fn (a generate call with one
-    prefill and `steps` decode steps) runs: the kernels that start after the last prefill
-    attention kernel ends, divided by steps."""
+    prefill and `steps` decode steps) runs: the kernels from the first decode attention kernel of
+    step 1 to that of step `steps` (whole steps, no prefill), divided by steps - 1."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    prefill_end = max(e.time_range.end for e in kernels if "prefill" in e.name.lower())
+    starts = sorted(e.time_range.start for e in kernels if "decode" in e.name.lower())
+    if not starts or len(starts) % steps:  # the trace lost kernels: say so rather than divide wrong
+        print(f"    profile: {len(starts)} decode attention kernels for {steps} steps; no breakdown")
+        return None
+    begin, end = starts[0], starts[len(starts) // steps * (steps - 1)]
+    kernels = [e for e in kernels if begin <= e.time_range.start < end]
+    steps -= 1
     totals = {"gemm": 0.0, "ours": 0.0, "flashinfer": 0.0, "other": 0.0}
+    by_name: dict[str, float] = {}
     for e in kernels:
-        if e.time_range.start >= prefill_end:
-            totals[categorize(e.name)] += e.device_time_total * 1e-6 / steps  # us -> s
+        us = e.time_range.elapsed_us()
+        totals[categorize(e.name)] += us * 1e-6 / steps
+        by_name[e.name[:90]] = by_name.get(e.name[:90], 0.0) + us / steps
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:6]
+    print("    top kernels per step: " + "; ".join(f"{us:.0f} us {name}" for name, us in top))
     return totals
 
 
@@ -158,7 +168,10 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     t0 = time.perf_counter()
     engine = Engine.from_config(config, seed=0, device="cuda", dtype=torch.bfloat16, max_batch=max(batches),
-                                max_seq_len=max(prompt_lens) + args.new + 1)
+                                max_seq_len=max(prompt_lens) + args.new + 1,
+                                # one prefill step for the whole batch, as transformers does: no decode
+                                # step runs beside a prefill chunk, so decode steps are all full batches
+                                max_prefill_tokens=max(batches) * max(prompt_lens))
     print(f"# {torch.cuda.get_device_name()}; {args.layers} layers of Llama-3-8B's shapes, bf16; engine built in "
           f"{time.perf_counter() - t0:.1f}s; {engine.blocks.num_blocks} pages of {engine.blocks.block_size}")
     contenders = {"ours (graphs)": engine_runner(engine, True, engine.model.attention),
@@ -228,6 +241,8 @@ def main(argv=None) -> int:
             eager = contenders["ours (eager)"]
             n = 16
             per_step = decode_gpu_time_by_category(lambda: eager(prompts, n + 1), n)
+            if per_step is None:
+                continue
             graphed = next(r for r in rows if r["prompt"] == plen and r["batch"] == b
                            and r["contender"] == "ours (graphs)")["step_s"]
             eager_step = next(r for r in rows if r["prompt"] == plen and r["batch"] == b
