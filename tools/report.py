@@ -76,7 +76,7 @@ def main(argv=None) -> int:
 
     from mllm_kernel.engine import demo  # the library doing its real job: a model served by it
 
-    print("\n".join(demo.run(device)) + "\n", flush=True)
+    print("\n".join(demo.report(device)) + "\n", flush=True)
 
     if not args.no_bench:
         bench = load_bench_ops()

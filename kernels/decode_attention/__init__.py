@@ -178,8 +178,8 @@ def decode_attention(
 ):
     """Attention of one new query token per request over its paged KV cache.
 
-    q [batch, num_heads, head_dim] (float16/bfloat16 on CUDA, float32 too on the CPU; any batch
-    stride); k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] of q's dtype, or
+    q [batch, num_heads, head_dim] (float32, float16 or bfloat16; on CUDA float32 runs a plain
+    float32 kernel and needs a float32 cache; any batch stride); k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] of q's dtype, or
     both float8_e4m3fn (as store_kv_cache writes them; half the bytes to read): a stored value c
     stands for c * k_scale (c * v_scale), each a float or a float32 tensor of 1 or num_kv_heads
     elements on q's device (None: 1);

@@ -14,6 +14,9 @@
  * log2 units); the warps' states are merged at the end. With num_splits > 1 the CTA writes a
  * float32 partial state and MergeSplitsKernel combines them.
  *
+ * float32 q (with a float32 cache) runs DecodeFloatKernel instead: plain float32 arithmetic,
+ * for float32 models; same splits, masking and error records.
+ *
  * Bad indices never reach memory: a block id outside [0, num_blocks) masks that block's keys
  * and a seq_len outside [0, max_blocks * block_size] is clamped; the first is recorded in
  * `error` (int64 [3]: {flag, index, value}; index = b << 32 | j for block_table[b, j], -(b + 1)
@@ -29,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace mllm_kernel::gpu {
 
@@ -529,6 +533,96 @@ __global__ void MergeStatesKernel(T* v, float* lse, const T* v_a, const float* l
   if (lane == 0) lse[idx] = total == 0.f ? -INFINITY : fmaxf(la, lb) + logf(total);
 }
 
+// ---------------------------------------------------------------------------- float32
+
+/*! \brief float32 attention (no tensor cores: a correctness mode, e.g. to match a float32 model
+ * token for token). One CTA per (split, query head, request); its warps take the split's keys in
+ * turn, each lane holding D / 32 dims of q and of its running output; a warp-wide sum gives each
+ * logit. The warps' online-softmax states (log2 units) merge through shared memory into out / lse,
+ * or into the split's float32 partial state for MergeSplitsKernel. Bad indices: as DecodeKernel. */
+constexpr int kFloatWarps = 4;
+
+template <int D>
+__global__ void __launch_bounds__(kFloatWarps * 32) DecodeFloatKernel(DecodeParams<float, float> p) {
+  constexpr int kDims = D / 32;
+  __shared__ float warp_o[kFloatWarps][D];
+  __shared__ float warp_m[kFloatWarps], warp_l[kFloatWarps];
+  device::pdl_wait_primary();
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kvh = h / p.group;
+
+  int64_t len = p.seq_lens[b];
+  if (len < 0 || len > p.max_keys) {
+    if (threadIdx.x == 0 && split == 0 && h == 0) device::record_error(p.error, -(b + 1), len);
+    len = len < 0 ? 0 : p.max_keys;
+  }
+  const int64_t begin = p.window > 0 && len > p.window ? len - p.window : 0;
+  const int64_t chunk = (len - begin + p.num_splits - 1) / p.num_splits;
+  const int64_t first = begin + split * chunk;
+  const int64_t last = min(len, first + chunk);
+
+  float q[kDims], o[kDims];
+  const float* q_row = p.q + b * p.q_stride + static_cast<int64_t>(h) * D + lane * kDims;
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) {
+    q[i] = q_row[i];
+    o[i] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  const int32_t* table = p.block_table + b * p.table_stride;
+  const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * D;
+  for (int64_t t = first + warp; t < last; t += kFloatWarps) {
+    const uint32_t j = p.block_size.div(static_cast<uint32_t>(t));
+    const int32_t block = table[j];
+    if (block < 0 || block >= p.num_blocks) {  // warp-uniform: the key is skipped
+      if (lane == 0) device::record_error(p.error, (static_cast<int64_t>(b) << 32) | j, block);
+      continue;
+    }
+    const int64_t offset = (t - static_cast<int64_t>(j) * p.block_size.d) * row_elems + kvh * D + lane * kDims;
+    const float* k = p.k_cache + block * p.k_block_stride + offset;
+    const float* v = p.v_cache + block * p.v_block_stride + offset;
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < kDims; ++i) dot = fmaf(q[i], k[i], dot);
+    dot = device::warp_reduce_sum(dot);
+    const float x = p.soft_cap ? p.logit_scale * tanhf(dot * p.q_scale) : dot * p.q_scale;
+    const float m_new = fmaxf(m, x);
+    const float keep = exp2f(m - m_new), e = exp2f(x - m_new);  // keep: 0 while m is -inf
+    l = fmaf(l, keep, e);
+#pragma unroll
+    for (int i = 0; i < kDims; ++i) o[i] = fmaf(o[i], keep, e * v[i]);
+    m = m_new;
+  }
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) warp_o[warp][lane * kDims + i] = o[i];
+  if (lane == 0) {
+    warp_m[warp] = m;
+    warp_l[warp] = l;
+  }
+  __syncthreads();
+  float m_all = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kFloatWarps; ++w) m_all = fmaxf(m_all, warp_m[w]);
+  float weight[kFloatWarps], l_all = 0.f;
+#pragma unroll
+  for (int w = 0; w < kFloatWarps; ++w) {
+    weight[w] = warp_m[w] == -INFINITY ? 0.f : exp2f(warp_m[w] - m_all);
+    l_all = fmaf(warp_l[w], weight[w], l_all);
+  }
+  const float inv = l_all == 0.f ? 0.f : 1.f / l_all;  // no keys: out 0; NaN stays NaN
+  const float lse = l_all == 0.f ? -INFINITY : (m_all + log2f(l_all)) * kLn2;
+  const int64_t row = static_cast<int64_t>(b) * p.num_heads + h;
+  float* dst = p.num_splits > 1 ? p.partial_out + (row * p.num_splits + split) * D : p.out + row * D;
+  for (int d = threadIdx.x; d < D; d += kFloatWarps * 32) {
+    float value = 0.f;
+#pragma unroll
+    for (int w = 0; w < kFloatWarps; ++w) value = fmaf(warp_o[w][d], weight[w], value);
+    dst[d] = value * inv;
+  }
+  if (threadIdx.x == 0) (p.num_splits > 1 ? p.partial_lse[row * p.num_splits + split] : p.lse[row]) = lse;
+}
+
 // ---------------------------------------------------------------------------- launch
 
 template <typename T, typename KV, int D, int kWarps>
@@ -572,14 +666,17 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
   const auto aligned = [](const void* ptr, int64_t stride, int64_t elem_bytes) {
     return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && stride * elem_bytes % 16 == 0;
   };
-  host::ValueCheck(aligned(data_ptr<const T>(q), a.q_stride, sizeof(T)), "decode_attention: q must be 16-byte aligned ",
-                   "(data pointer and batch stride ", a.q_stride, ") on CUDA");
-  host::ValueCheck(aligned(data_ptr<const KV>(k_cache), a.k_block_stride, sizeof(KV)),
-                   "decode_attention: k_cache must be 16-byte aligned (data pointer and block stride ",
-                   a.k_block_stride, ") on CUDA");
-  host::ValueCheck(aligned(data_ptr<const KV>(v_cache), a.v_block_stride, sizeof(KV)),
-                   "decode_attention: v_cache must be 16-byte aligned (data pointer and block stride ",
-                   a.v_block_stride, ") on CUDA");
+  if constexpr (!std::is_same_v<T, float>) {  // the float32 kernel reads scalars
+    host::ValueCheck(aligned(data_ptr<const T>(q), a.q_stride, sizeof(T)),
+                     "decode_attention: q must be 16-byte aligned (data pointer and batch stride ", a.q_stride,
+                     ") on CUDA");
+    host::ValueCheck(aligned(data_ptr<const KV>(k_cache), a.k_block_stride, sizeof(KV)),
+                     "decode_attention: k_cache must be 16-byte aligned (data pointer and block stride ",
+                     a.k_block_stride, ") on CUDA");
+    host::ValueCheck(aligned(data_ptr<const KV>(v_cache), a.v_block_stride, sizeof(KV)),
+                     "decode_attention: v_cache must be 16-byte aligned (data pointer and block stride ",
+                     a.v_block_stride, ") on CUDA");
+  }
   DecodeParams<T, KV> p{};
   p.out = data_ptr<T>(out);
   p.lse = data_ptr<float>(lse);
@@ -610,10 +707,19 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
   p.k_scale = a.k_scale;
   p.v_scale = a.v_scale;
   const int batch = static_cast<int>(a.batch);
-  switch (a.head_dim) {
-    case 64: LaunchDecodeFitting<T, KV, 64>(p, a.device, batch); break;
-    case 128: LaunchDecodeFitting<T, KV, 128>(p, a.device, batch); break;
-    default: LaunchDecodeFitting<T, KV, 256>(p, a.device, batch); break;  // the contract allows no other
+  if constexpr (std::is_same_v<T, float>) {
+    host::ValueCheck(a.num_heads < 65536, "decode_attention: num_heads must be < 65536 on CUDA, got ", a.num_heads);
+    const auto kernel = a.head_dim == 64    ? DecodeFloatKernel<64>
+                        : a.head_dim == 128 ? DecodeFloatKernel<128>
+                                            : DecodeFloatKernel<256>;
+    const dim3 grid(p.num_splits, p.num_heads, batch);
+    host::LaunchKernel(grid, kFloatWarps * 32, a.device).enable_pdl(true)(kernel, p);
+  } else {
+    switch (a.head_dim) {
+      case 64: LaunchDecodeFitting<T, KV, 64>(p, a.device, batch); break;
+      case 128: LaunchDecodeFitting<T, KV, 128>(p, a.device, batch); break;
+      default: LaunchDecodeFitting<T, KV, 256>(p, a.device, batch); break;  // the contract allows no other
+    }
   }
   if (a.num_splits > 1) {
     const auto merge = a.head_dim == 64 ? MergeSplitsKernel<T, 64>
@@ -651,7 +757,10 @@ inline void decode_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse,
                                             partial_lse, error);
     }
   };
-  if (a.dtype == host::kDType<host::float16_tag>) {
+  if (a.dtype == host::kDType<float>) {  // the contract gives float32 q a float32 cache on CUDA
+    decode_attention_detail::Decode<float, float>(a, out, lse, q, k_cache, v_cache, block_table, seq_lens,
+                                                  partial_out, partial_lse, error);
+  } else if (a.dtype == host::kDType<host::float16_tag>) {
     run.template operator()<device::fp16_t>();
   } else {
     run.template operator()<device::bf16_t>();

@@ -6,8 +6,8 @@
  *
  * decode_attention: one query token per request attends to the request's cached keys.
  *   out [B, H, D]: contiguous, q's dtype (written);  lse float32 [B, H]: contiguous (written);
- *   q [B, H, D]: any batch stride, heads and dims contiguous; float16/bfloat16 (and float32
- *     on the CPU);
+ *   q [B, H, D]: any batch stride, heads and dims contiguous; float32, float16 or bfloat16
+ *     (on CUDA a float32 q takes a float32 cache);
  *   k_cache, v_cache [num_blocks, block_size, KH, D]: q's dtype or both float8_e4m3fn, any
  *     block stride, the rest contiguous (the layout store_kv_cache writes; K and V may be views
  *     of one tensor);
@@ -78,22 +78,12 @@ DecodeArgs VerifyDecodeAttention(tvm::ffi::TensorView out, tvm::ffi::TensorView 
       VS{"v_block_stride"}, TS{"block_table_row_stride"}, P{"workspace_size"}, PL{"workspace_rows"};
   SymbolicDType dtype, cache_dtype;
   SymbolicDevice device{"device"};
-  // float32 attention runs on the CPU only; CUDA kernels are instantiated for 16-bit types.
-  if constexpr (kDev == kDLCUDA) {
-    TensorMatcher({B, H, D})
-        .for_op(kOp)
-        .with_dtype<float16_tag, bfloat16_tag>(dtype)
-        .with_device<kDev>(device)
-        .with_strides({QS, D, 1})
-        .verify(q, "q");
-  } else {
-    TensorMatcher({B, H, D})
-        .for_op(kOp)
-        .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
-        .with_device<kDev>(device)
-        .with_strides({QS, D, 1})
-        .verify(q, "q");
-  }
+  TensorMatcher({B, H, D})
+      .for_op(kOp)
+      .with_dtype<float, float16_tag, bfloat16_tag>(dtype)
+      .with_device<kDev>(device)
+      .with_strides({QS, D, 1})
+      .verify(q, "q");
   TensorMatcher({NB, BS, KH, D})
       .for_op(kOp)
       .with_dtype<float, float16_tag, bfloat16_tag, float8_e4m3fn_tag>(cache_dtype)
@@ -109,6 +99,10 @@ DecodeArgs VerifyDecodeAttention(tvm::ffi::TensorView out, tvm::ffi::TensorView 
   const bool fp8 = cache_dtype.unwrap() == kDType<float8_e4m3fn_tag>;
   TypeCheck(fp8 || cache_dtype.unwrap() == dtype.unwrap(), kOp, ": k_cache and v_cache must have q's dtype (",
              DTypeName(dtype.unwrap()), ") or be float8_e4m3fn, got ", DTypeName(cache_dtype.unwrap()));
+  // CUDA's float32 kernel is a plain one: a float32 q reads a float32 cache there.
+  TypeCheck(kDev != kDLCUDA || !fp8 || dtype.unwrap() != kDType<float>, kOp,
+            ": a float32 q needs a float32 k_cache and v_cache on CUDA (float8 caches go with float16/bfloat16 q), "
+            "got ", DTypeName(cache_dtype.unwrap()));
   TensorMatcher({B, MB}).for_op(kOp).with_dtype<int32_t>().with_device(device).with_strides({TS, 1}).verify(
       block_table, "block_table");
   TensorMatcher({B}).for_op(kOp).with_dtype<int32_t>().with_device(device).verify(seq_lens, "seq_lens");

@@ -58,10 +58,9 @@ class Engine:
                  max_seq_len: int | None = None, max_prefill_tokens: int = 8192, cuda_graphs: bool = True):
         device = _device(device)
         dtype = dtype if dtype is not None else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        allowed = (torch.float16, torch.bfloat16) + ((torch.float32,) if device.type == "cpu" else ())
+        allowed = (torch.float32, torch.float16, torch.bfloat16)
         if dtype not in allowed:
-            raise ValueError(f"Engine: dtype on {device.type} must be one of {allowed} (the CUDA attention kernels "
-                             f"are half precision), got {dtype}")
+            raise ValueError(f"Engine: dtype must be one of {allowed}, got {dtype}")
         for name, value, low in (("max_batch", max_batch, 1), ("block_size", block_size, 1),
                                  ("max_prefill_tokens", max_prefill_tokens, 1)):
             if type(value) is not int or value < low:

@@ -60,11 +60,20 @@ class Attention:
     """The two attention calls of a step, as mllm-kernel implements them. A benchmark swaps in
     another implementation by replacing this object (Model.attention)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, dtype: torch.dtype):
         # The CPU kernels take a thread count; use torch's, as the GEMMs do.
         self.num_threads = torch.get_num_threads() if device.type == "cpu" else 1
+        # CUDA's prefill kernels are half precision: a float32 model prefills with decode_attention,
+        # one row per prompt token over its request's first position + 1 keys (the causal rule).
+        self.prefill_as_decode = device.type == "cuda" and dtype == torch.float32
 
     def prefill(self, q, k_cache, v_cache, batch: StepBatch):
+        if self.prefill_as_decode:
+            counts = (batch.cu_seqlens_q[1:] - batch.cu_seqlens_q[:-1]).long()
+            request = torch.repeat_interleave(torch.arange(counts.numel(), device=q.device), counts,
+                                              output_size=q.shape[0])  # output_size: no host sync
+            return mk.decode_attention(q, k_cache, v_cache, batch.block_table.index_select(0, request),
+                                       (batch.positions + 1).to(torch.int32))
         return mk.paged_prefill_attention(q, k_cache, v_cache, batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
                                           num_threads=self.num_threads)
 
@@ -82,7 +91,7 @@ class Model:
         self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.cos_sin = rope_cos_sin(config, max_seq_len, device)
-        self.attention = Attention(device)
+        self.attention = Attention(device, dtype)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:

@@ -28,7 +28,7 @@ from mllm_kernel.kernels.decode_attention.cases import (
 )
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-CUDA_DTYPES = [torch.float16, torch.bfloat16]  # float32 on CUDA: not part of the contract yet
+CUDA_DTYPES = [torch.float32, torch.float16, torch.bfloat16]  # float32: the plain float32 kernel
 HEAD_DIMS = [64, 128, 256]
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -677,11 +677,12 @@ def test_cuda_graph(num_splits, clean_cuda_errors):
 
 
 @cuda_only
-def test_cuda_bad_block_id(clean_cuda_errors):
-    seed("cuda_bad_block")
-    case = make_paged_case([20, 40], 8, 2, 64, 16, torch.bfloat16, device="cuda", spare_blocks=0)
+@pytest.mark.parametrize("dtype", [dtype, torch.float32], ids=dtype_id)
+def test_cuda_bad_block_id(dtype, clean_cuda_errors):
+    seed("cuda_bad_block", dtype)
+    case = make_paged_case([20, 40], 8, 2, 64, 16, dtype, device="cuda", spare_blocks=0)
     case.block_table[1, 2] = 99  # request 1's last block (tokens 32..39)
-    out = torch.full(case.q.shape, NAN, dtype=torch.bfloat16, device="cuda")
+    out = torch.full(case.q.shape, NAN, dtype=dtype, device="cuda")
     with pytest.raises(ValueError, match=r"block_table\[1, 2\] = 99\b"):
         decode_attention(*case.args(), out=out, check=True)
     assert pop_decode_attention_error("cuda") is None, "the raise consumed the record"
@@ -692,7 +693,7 @@ def test_cuda_bad_block_id(clean_cuda_errors):
     assert pop_decode_attention_error("cuda") is None
     masked = PagedCase(case.q, case.k_cache, case.v_cache, case.block_table,
                        torch.tensor([20, 32], dtype=torch.int32, device="cuda"))
-    assert_attention(out, lse, *masked.ref(), torch.bfloat16, "bad block masked")
+    assert_attention(out, lse, *masked.ref(), dtype, "bad block masked")
     # Negative ids; padding entries and blocks before the window are never read: no record.
     case.block_table[1, 2] = -5
     with pytest.raises(ValueError, match=r"block_table\[1, 2\] = -5\b"):
@@ -700,14 +701,15 @@ def test_cuda_bad_block_id(clean_cuda_errors):
     case.block_table[1, 2] = 0
     case.block_table[0, 2] = case.block_table[0, 3] = -1
     case.block_table[1, 0] = 2**31 - 1
-    run_checked(case, torch.bfloat16, sliding_window=20)
+    run_checked(case, dtype, sliding_window=20)
 
 
 @cuda_only
 @pytest.mark.parametrize("bad", [65, -1, 2**31 - 1])
-def test_cuda_bad_seq_len(bad, clean_cuda_errors):
-    seed("cuda_bad_len", bad)
-    case = make_paged_case([20, 40], 8, 2, 64, 16, torch.float16, device="cuda", spare_blocks=0, spare_columns=1)
+@pytest.mark.parametrize("dtype", [dtype, torch.float32], ids=dtype_id)
+def test_cuda_bad_seq_len(dtype, bad, clean_cuda_errors):
+    seed("cuda_bad_len", dtype, bad)
+    case = make_paged_case([20, 40], 8, 2, 64, 16, dtype, device="cuda", spare_blocks=0, spare_columns=1)
     case.block_table[1, 3] = 0  # the spare column, so that the clamped length reads valid blocks
     case.seq_lens[1] = bad
     with pytest.raises(ValueError, match=rf"seq_lens\[1\] = {bad}\b"):
@@ -717,7 +719,7 @@ def test_cuda_bad_seq_len(bad, clean_cuda_errors):
     assert pop_decode_attention_error("cuda") is not None
     clamped = PagedCase(case.q, case.k_cache, case.v_cache, case.block_table,
                         torch.tensor([20, min(max(bad, 0), 64)], dtype=torch.int32, device="cuda"))
-    assert_attention(out, lse, *clamped.ref(), torch.float16, "clamped seq_len")
+    assert_attention(out, lse, *clamped.ref(), dtype, "clamped seq_len")
 
 
 @cuda_only
@@ -955,6 +957,14 @@ def test_cuda_fp8_graph_reads_scale_tensors(clean_cuda_errors):
         k64 = k8.double() * torch.tensor(ks, dtype=torch.float64, device="cuda").view(1, 1, -1, 1)
         want = PagedCase(case.q, k64, v8.double() * vs, case.block_table, case.seq_lens).ref()
         assert_attention(out, None, *want, torch.bfloat16, f"graph replay with k_scale {ks}")
+
+
+@cuda_only
+def test_cuda_float32_q_rejects_float8_cache():
+    case = make_paged_case([20], 8, 2, 64, 16, torch.float32, device="cuda")
+    fp8 = case.k_cache.to(torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="float32 q needs a float32 k_cache and v_cache on CUDA"):
+        decode_attention(case.q, fp8, fp8, case.block_table, case.seq_lens)
 
 
 if __name__ == "__main__":
