@@ -1398,8 +1398,8 @@ def penalties_counts_rows(spec: OpSpec) -> Iterator[Row]:
 # q [2, 4, 64], caches [6 blocks, block_size 4, 2 kv heads, 64], block_table int32 [2, 3] =
 # [[2, 5, -1], [3, 0, 1]] (request 0 reads 2 blocks; its third entry is unused padding), seq_lens
 # [5, 9] (capacity 3 * 4 = 12). Request 1's last block, block_table[1, 2], holds token 8 only.
-# The CPU table runs float32; the CUDA contract takes only float16 / bfloat16 (float32 is a
-# TypeError there), so the CUDA table builds the same case in float16.
+# The CPU table runs float32; the CUDA table builds the same case in float16 (the tensor-core
+# kernels; float32 runs a plain kernel there, one row below).
 
 DECODE_BLOCKS, DECODE_CAPACITY = 6, 12
 
@@ -1519,10 +1519,12 @@ def decode_rows(spec: OpSpec) -> Iterator[Row]:
     def all_to(d: torch.dtype) -> Callable[[dict[str, Any]], None]:
         return lambda a: a.update({n: a[n].to(d) for n in ("q", "k_cache", "v_cache", "out")})
 
-    if on_cuda():  # the CUDA kernels are instantiated for 16-bit types only
-        yield raises("q, caches and out float32", all_to(torch.float32), TYPE, "q")
-    else:
-        yield succeeds("q, caches and out float32", all_to(torch.float32))
+    yield succeeds("q, caches and out float32", all_to(torch.float32))
+    if on_cuda():  # CUDA's float32 kernel is a plain one: no float8 cache behind a float32 q
+        yield raises("float32 q and out, float8 caches",
+                     lambda a: (all_to(torch.float32)(a), a.update(k_cache=a["k_cache"].to(torch.float8_e4m3fn),
+                                                                   v_cache=a["v_cache"].to(torch.float8_e4m3fn))),
+                     TYPE, "k_cache")
     for d in (torch.float16, torch.bfloat16):
         yield succeeds(f"q, caches and out {d}", all_to(d))
 

@@ -185,7 +185,7 @@ def _close_lse(c: Checks, label: str, got: torch.Tensor, want: torch.Tensor, dty
 
 
 def check(c: Checks) -> None:
-    dtypes = FLOATS if c.device == "cpu" else (torch.float16, torch.bfloat16)
+    dtypes = FLOATS  # CUDA: float32 runs the plain float32 kernel
     for dtype in dtypes:
         n = dtype_name(dtype)
 
