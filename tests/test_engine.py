@@ -244,5 +244,25 @@ def test_stop_token_ends_a_request():
         assert c == f[:n]
 
 
+def test_pages_come_back_after_an_error(monkeypatch):
+    engine = Engine.from_config(tiny_llama(), seed=4, device="cpu", max_batch=2)
+    prompts = random_prompts([9, 3, 20], engine.config.vocab_size)
+    want = engine.generate(prompts, 6)
+    decode, calls = engine._decode_step, []
+
+    def failing(requests):
+        if len(calls) == 3:
+            raise RuntimeError("injected failure")
+        calls.append(len(requests))
+        return decode(requests)
+
+    monkeypatch.setattr(engine, "_decode_step", failing)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        engine.generate(prompts, 6)
+    assert engine.blocks.num_free == engine.blocks.num_blocks, "pages leaked by the failed call"
+    monkeypatch.undo()
+    assert engine.generate(prompts, 6) == want
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

@@ -136,29 +136,33 @@ class Engine:
         waiting = collections.deque(requests)
         free_slots = list(range(self.max_batch - 1, -1, -1))
         running: list[_Request] = []
-        while waiting or running:
-            while waiting and free_slots:
-                blocks = self.blocks.allocate(waiting[0].tokens_to_cache)
-                if blocks is None:
-                    break
-                r = waiting.popleft()
-                r.blocks, r.slot = blocks, free_slots.pop()
-                row = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32)
-                row[:len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-                self.block_table[r.slot].copy_(row)
-                running.append(r)
-            prefilling = [r for r in running if r.num_cached < len(r.prompt)]
-            if prefilling:
-                done, logits = self._prefill_step(prefilling)
-                self._take(done, logits, sampling, generator, return_logits)
-            decoding = [r for r in running if r.out and r.num_cached == len(r.prompt) + len(r.out) - 1
-                        and len(r.out) < r.max_new and r.out[-1] not in stop]
-            if decoding:
-                self._take(decoding, self._decode_step(decoding), sampling, generator, return_logits)
-            for r in [r for r in running if len(r.out) == r.max_new or (r.out and r.out[-1] in stop)]:
-                running.remove(r)
+        try:
+            while waiting or running:
+                while waiting and free_slots:
+                    blocks = self.blocks.allocate(waiting[0].tokens_to_cache)
+                    if blocks is None:
+                        break
+                    r = waiting.popleft()
+                    r.blocks, r.slot = blocks, free_slots.pop()
+                    row = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32)
+                    row[:len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+                    self.block_table[r.slot].copy_(row)
+                    running.append(r)
+                prefilling = [r for r in running if r.num_cached < len(r.prompt)]
+                if prefilling:
+                    done, logits = self._prefill_step(prefilling)
+                    self._take(done, logits, sampling, generator, return_logits)
+                decoding = [r for r in running if r.out and r.num_cached == len(r.prompt) + len(r.out) - 1
+                            and len(r.out) < r.max_new and r.out[-1] not in stop]
+                if decoding:
+                    self._take(decoding, self._decode_step(decoding), sampling, generator, return_logits)
+                for r in [r for r in running if len(r.out) == r.max_new or (r.out and r.out[-1] in stop)]:
+                    running.remove(r)
+                    self.blocks.release(r.blocks)
+                    free_slots.append(r.slot)
+        finally:  # an error or interrupt mid-way must not leak pages: the engine stays usable
+            for r in running:
                 self.blocks.release(r.blocks)
-                free_slots.append(r.slot)
         tokens = [r.out for r in requests]
         return (tokens, [torch.stack(r.logits) for r in requests]) if return_logits else tokens
 
