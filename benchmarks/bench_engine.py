@@ -2,6 +2,7 @@
 
     python3 benchmarks/bench_engine.py [--layers 4] [--batches 1,16,64] [--prompts 512,4096]
                                        [--new 64] [--reps 3] [--flashinfer] [--json PATH]
+    python3 benchmarks/bench_engine.py --sampled --no-hf   # ours vs FlashInfer's sampler in the loop
 
 Model: Llama-3-8B's layer shapes (hidden 4096, 32 q / 8 kv heads of 128, MLP 14336, vocab 128256,
 llama3 rope) with --layers layers and seeded random weights, bfloat16 on CUDA. Prompts: random
@@ -14,6 +15,9 @@ Contenders: ours with CUDA-graph decode (the default), ours eager, ours eager wi
 paged decode / prefill attention swapped in (--flashinfer; its wrappers plan on the host every
 step, so it runs eager), and transformers' generate() (eager, sdpa attention) on the same
 weights. `match` is how many of the first 32 greedy tokens of request 0 equal transformers'.
+
+--sampled instead times top-p decoding (temperature 0.7, top_p 0.9) with our sampler and with
+FlashInfer's (softmax + top_p_sampling_from_probs) in the same graphed loop.
 
 Then a profiler trace of eager decode steps splits a step's GPU time into GEMMs (cuBLAS), our
 kernels and the rest (torch's small ops), and host overhead = graphed step wall time - GPU time.
@@ -151,6 +155,42 @@ def decode_gpu_time_by_category(fn, steps: int) -> dict[str, float]:
     return totals
 
 
+def flashinfer_sample(logits, s, generator):
+    """The engine's sampling step with FlashInfer's kernels: softmax with temperature, then
+    top_p_sampling_from_probs (its sampling module; top-k from logits needs its radix top-k module)."""
+    import flashinfer.sampling as fis
+
+    assert s.temperature > 0 and s.top_k == 0 and s.min_p == 0, "only the top-p configuration is wired"
+    probs = fis.softmax(logits, temperature=s.temperature)
+    try:
+        return fis.top_p_sampling_from_probs(probs, s.top_p, generator=generator)
+    except TypeError:  # a FlashInfer without the generator argument
+        return fis.top_p_sampling_from_probs(probs, s.top_p)
+
+
+def sampled_rows(engine: Engine, config: ModelConfig, prompt_lens, batches, args) -> None:
+    from mllm_kernel.engine import engine as engine_module
+
+    ours = engine_module._sample
+    samplers = {"ours (graphs), top_p sampling": ours, "ours + FlashInfer sampling (graphs)": flashinfer_sample}
+    engine.cuda_graphs = True
+    print(f"{'prompt':>6} {'batch':>5}  {'sampler (temperature 0.7, top_p 0.9)':<40} {'decode tok/s':>12} {'ms/step':>8}")
+    for plen in prompt_lens:
+        for b in batches:
+            prompts = torch.randint(0, config.vocab_size, (b, plen)).tolist()
+            for name, sampler in samplers.items():
+                engine_module._sample = sampler
+                try:
+                    run = lambda n: engine.generate(prompts, n, temperature=0.7, top_p=0.9, seed=0)  # noqa: E731
+                    run(3)
+                    prefill = timed(lambda: run(1), args.reps)
+                    full = timed(lambda: run(args.new + 1), args.reps)
+                finally:
+                    engine_module._sample = ours
+                step = (full - prefill) / args.new
+                print(f"{plen:>6} {b:>5}  {name:<40} {b / step:>12.0f} {step * 1e3:>8.3f}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=4)
@@ -160,6 +200,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--flashinfer", action="store_true")
     p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--sampled", action="store_true", help="only: top-p sampling, ours against FlashInfer's")
     p.add_argument("--json")
     args = p.parse_args(argv)
     batches = [int(x) for x in args.batches.split(",")]
@@ -232,6 +273,10 @@ def main(argv=None) -> int:
                     match = r["match"] = agree
                 print(f"{plen:>6} {b:>5}  {r['contender']:<32} {r['prefill_s'] * 1e3:>10.1f} "
                       f"{r['decode_tok_s']:>12.0f} {r['step_s'] * 1e3:>8.2f} {match:>5}")
+
+    if args.sampled:  # temperature 0.7, top_p 0.9: our sampler against FlashInfer's in the same loop
+        sampled_rows(engine, config, prompt_lens, batches, args)
+        return 0
 
     # Where a decode step goes: the kernels of eager decode steps (profiler); graphed wall time.
     breakdown = []
