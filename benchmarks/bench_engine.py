@@ -215,6 +215,10 @@ def main(argv=None) -> int:
                                 max_prefill_tokens=max(batches) * max(prompt_lens))
     print(f"# {torch.cuda.get_device_name()}; {args.layers} layers of Llama-3-8B's shapes, bf16; engine built in "
           f"{time.perf_counter() - t0:.1f}s; {engine.blocks.num_blocks} pages of {engine.blocks.block_size}")
+    if args.sampled:  # temperature 0.7, top_p 0.9: our sampler against FlashInfer's in the same loop
+        sampled_rows(engine, config, prompt_lens, batches, args)
+        return 0
+
     contenders = {"ours (graphs)": engine_runner(engine, True, engine.model.attention),
                   "ours (eager)": engine_runner(engine, False, engine.model.attention)}
     if args.flashinfer:
@@ -273,10 +277,6 @@ def main(argv=None) -> int:
                     match = r["match"] = agree
                 print(f"{plen:>6} {b:>5}  {r['contender']:<32} {r['prefill_s'] * 1e3:>10.1f} "
                       f"{r['decode_tok_s']:>12.0f} {r['step_s'] * 1e3:>8.2f} {match:>5}")
-
-    if args.sampled:  # temperature 0.7, top_p 0.9: our sampler against FlashInfer's in the same loop
-        sampled_rows(engine, config, prompt_lens, batches, args)
-        return 0
 
     # Where a decode step goes: the kernels of eager decode steps (profiler); graphed wall time.
     breakdown = []
