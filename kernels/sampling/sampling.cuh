@@ -128,26 +128,45 @@ __device__ __forceinline__ uint32_t ProbWeight(float p, float scale) { return __
 // ----------------------------------------------------------------------------- radix selection
 
 inline constexpr int kRadixBits = 8, kBins = 1 << kRadixBits;
-// Leading radix passes of a mass search whose bin updates are aggregated per warp
-// (__match_any_sync). Counts add directly in every pass. Measured on H100 (TUNING.md, 1 and
-// 64 x 128256 fp32): aggregating the first pass halves top-p (132 -> 54 µs, 677 -> 280 µs);
-// aggregating counts costs top-k 10-25% (44 -> 48 µs, 154 -> 190 µs); more passes cost both.
-inline constexpr int kAggregatedPasses = 1;
+// Bins are updated with one shared-memory atomic per element and count (32-bit: see AddMass).
+// Measured on H100 (TUNING.md, 64 x 128256 fp32 top-p): aggregating the first pass per warp
+// (__match_any_sync, partial-mask reductions, 64-bit atomics) took 2x the time of this.
 
 /*! \brief Per-block bin counts and masses, two sets alternating between passes (see
  *         device::cluster_all_reduce), and the bin a pass chose. */
 struct RadixScratch {
   uint32_t count[2][kBins];
-  uint64_t mass[2][kBins];
+  // A bin's mass is mass_hi * 2^32 + mass_lo, added with 32-bit atomics (AddMass): shared
+  // memory has no native 64-bit atomic add (it compiles to a compare-and-swap loop).
+  uint32_t mass_lo[2][kBins], mass_hi[2][kBins];
   uint64_t warp_sums[kBins / kWarpThreads];
   uint64_t above, in_bin, in_bin_count;  // of the chosen bin
   uint32_t bin;
 };
 
+// Adds w to a bin's mass: the low word first; its carry, and w's high word, to the high word.
+__device__ __forceinline__ void AddMass(RadixScratch& rs, unsigned par, uint32_t bin, uint64_t w) {
+  const uint32_t low = static_cast<uint32_t>(w);
+  const uint32_t old = atomicAdd(&rs.mass_lo[par][bin], low);
+  const uint32_t high = static_cast<uint32_t>(w >> 32) + (old + low < old ? 1u : 0u);
+  if (high != 0) atomicAdd(&rs.mass_hi[par][bin], high);
+}
+
+// The sum of v over bins 0..255 (threads 0..255), to every thread. Called by ChooseBin, after
+// the warp sums are written.
+__device__ __forceinline__ uint64_t BinTotal(const RadixScratch& rs) {
+  uint64_t total = 0;
+#pragma unroll
+  for (int w = 0; w < kBins / kWarpThreads; ++w) total += rs.warp_sums[w];
+  return total;
+}
+
 // Among bins 0..255 held by threads 0..255 (value v, count c), the bin t with
-// sum(v of bins > t) < need <= sum(v of bins >= t); written to rs. Needs >= 256 threads and
-// 0 < need <= the sum of all v.
-__device__ __forceinline__ void ChooseBin(uint64_t v, uint64_t c, uint64_t need, RadixScratch& rs) {
+// sum(v of bins > t) < need <= sum(v of bins >= t), need = need_of(sum of all v); written to
+// rs. Returns need; 0 (nothing chosen) when need_of says so. Needs >= 256 threads and
+// need <= the sum of all v.
+template <typename NeedFn>
+__device__ __forceinline__ uint64_t ChooseBin(uint64_t v, uint64_t c, NeedFn&& need_of, RadixScratch& rs) {
   const unsigned t = threadIdx.x, lane = t % kWarpThreads, warp = t / kWarpThreads;
   uint64_t suffix = v;  // inclusive suffix sum within the warp
 #pragma unroll
@@ -157,6 +176,8 @@ __device__ __forceinline__ void ChooseBin(uint64_t v, uint64_t c, uint64_t need,
   }
   if (t < kBins && lane == 0) rs.warp_sums[warp] = suffix;
   __syncthreads();
+  const uint64_t need = need_of(BinTotal(rs));
+  if (need == 0) return 0;  // block-uniform: every thread saw the same warp sums
   if (t < kBins) {
     for (unsigned w = warp + 1; w < kBins / kWarpThreads; ++w) suffix += rs.warp_sums[w];
     if (suffix >= need && suffix - v < need) {
@@ -167,85 +188,67 @@ __device__ __forceinline__ void ChooseBin(uint64_t v, uint64_t c, uint64_t need,
     }
   }
   __syncthreads();
+  return need;
 }
+
+/*! \brief A radix selection's result: keys >= threshold are selected; kept is their weight
+ *         (kMass) or count, summed over the row. */
+struct Selection {
+  uint32_t threshold;
+  uint64_t kept;
+};
 
 /*!
  * \brief The largest key t with sum(weight of elements with key >= t and key >= floor) >= need,
  *        over the row (the cluster's slices); weight is 1 (kMass false) or weight(x) (a uint32
- *        fixed-point weight of at most 2^31, as ExpWeight). Returns t,
- *        or a smaller key selecting the same elements when a bin turns out to hold exactly the
- *        rest (or one element). Every thread gets it.
+ *        fixed-point weight of at most 2^31, as ExpWeight). need = need_of(total), total being
+ *        the weight of the elements >= floor, which the first pass sums anyway (no pass of its
+ *        own); need_of returns 0 to select them all. Returns t, or a smaller key selecting the
+ *        same elements when a bin turns out to hold exactly the rest (or one element), with the
+ *        weight it selects. Every thread gets it.
  */
-template <bool kMass, typename T, typename WeightFn>
-__device__ uint32_t RadixSelect(const Slice<T>& s, uint32_t floor, uint64_t need, WeightFn&& weight,
-                                RadixScratch& rs, unsigned& parity) {
-  const unsigned lane = threadIdx.x % kWarpThreads;
+template <bool kMass, typename T, typename WeightFn, typename NeedFn>
+__device__ Selection RadixSelect(const Slice<T>& s, uint32_t floor, NeedFn&& need_of, WeightFn&& weight,
+                                 RadixScratch& rs, unsigned& parity) {
   uint32_t prefix = 0, prefix_mask = 0;
+  uint64_t need = 0, above = 0;  // above: the weight of elements above the current bin
   for (int shift = 32 - kRadixBits; shift >= 0; shift -= kRadixBits) {
     const unsigned par = parity;
     for (unsigned b = threadIdx.x; b < kBins; b += blockDim.x) {
       rs.count[par][b] = 0;
-      if (kMass) rs.mass[par][b] = 0;
+      if (kMass) rs.mass_lo[par][b] = rs.mass_hi[par][b] = 0;
     }
     __syncthreads();
-    // The first pass sees every element in a few crowded bins (the high key bits are the sign
-    // and exponent): for masses, lanes with the same digit add once. Later passes see few
-    // candidates, spread out, and add directly.
-    if (kMass && (32 - kRadixBits - shift) / kRadixBits < kAggregatedPasses) {
-      // Whole warps step together (the aggregation is warp-wide); lanes past n add nothing.
-      for (int64_t base = threadIdx.x - lane; base < s.n; base += blockDim.x) {
-        const int64_t i = base + lane;
-        int digit = -1;
-        float v = 0.0f;
-        if (i < s.n) {
-          v = device::to_float(s.data[i]);
-          const uint32_t key = Key(v);
-          if (key >= floor && (key & prefix_mask) == prefix) digit = (key >> shift) & (kBins - 1);
-        }
-        // Most warps hold no candidate once a top-k threshold is set: skip the match.
-        if (__ballot_sync(kFullMask, digit >= 0) == 0) continue;
-        const unsigned peers = __match_any_sync(kFullMask, digit);
-        const bool leader = digit >= 0 && lane == static_cast<unsigned>(__ffs(peers) - 1);
-        if (leader) atomicAdd(&rs.count[par][digit], static_cast<uint32_t>(__popc(peers)));
-        if constexpr (kMass) {
-          const uint32_t w = digit >= 0 ? weight(v) : 0u;
-          // Up to 32 weights of up to 2^31: summed as two 16-bit halves so uint32 cannot overflow.
-          const uint32_t hi = __reduce_add_sync(peers, w >> 16);
-          const uint32_t lo = __reduce_add_sync(peers, w & 0xffffu);
-          if (leader) {
-            atomicAdd(reinterpret_cast<unsigned long long*>(&rs.mass[par][digit]),
-                      (static_cast<unsigned long long>(hi) << 16) + lo);
-          }
-        }
-      }
-    } else {
-      for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
-        const float v = device::to_float(s.data[i]);
-        const uint32_t key = Key(v);
-        if (key < floor || (key & prefix_mask) != prefix) continue;
-        const uint32_t digit = (key >> shift) & (kBins - 1);
-        atomicAdd(&rs.count[par][digit], 1u);
-        if constexpr (kMass) {
-          atomicAdd(reinterpret_cast<unsigned long long*>(&rs.mass[par][digit]),
-                    static_cast<unsigned long long>(weight(v)));
-        }
-      }
+    for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
+      const float v = device::to_float(s.data[i]);
+      const uint32_t key = Key(v);
+      if (key < floor || (key & prefix_mask) != prefix) continue;
+      const uint32_t digit = (key >> shift) & (kBins - 1);
+      atomicAdd(&rs.count[par][digit], 1u);
+      if constexpr (kMass) AddMass(rs, par, digit, weight(v));
     }
     device::cluster_sync();
     uint64_t c = 0, m = 0;
     if (threadIdx.x < kBins) {
       device::for_each_peer(&rs.count[par][threadIdx.x], [&](unsigned, uint32_t x) { c += x; });
-      if constexpr (kMass) device::for_each_peer(&rs.mass[par][threadIdx.x], [&](unsigned, uint64_t x) { m += x; });
+      if constexpr (kMass) {
+        device::for_each_peer(&rs.mass_lo[par][threadIdx.x], [&](unsigned, uint32_t x) { m += x; });
+        device::for_each_peer(&rs.mass_hi[par][threadIdx.x], [&](unsigned, uint32_t x) { m += static_cast<uint64_t>(x) << 32; });
+      }
     }
     parity = par ^ 1u;
-    ChooseBin(kMass ? m : c, c, need, rs);
+    const bool first = prefix_mask == 0;
+    const uint64_t v = kMass ? m : c;
+    need = first ? ChooseBin(v, c, need_of, rs) : ChooseBin(v, c, [need](uint64_t) { return need; }, rs);
+    if (need == 0) return {floor, first ? BinTotal(rs) : 0};  // first pass only (need stays > 0)
     need -= rs.above;
+    above += rs.above;
     prefix |= rs.bin << shift;
     prefix_mask |= static_cast<uint32_t>(kBins - 1) << shift;
     // The whole bin is in: keys >= its lowest key select the same elements.
     if (rs.in_bin == need || rs.in_bin_count == 1) break;
   }
-  return prefix;
+  return {prefix, above + rs.in_bin};
 }
 
 // ----------------------------------------------------------------------------- sampling
@@ -429,6 +432,22 @@ __device__ bool CompactSurvivors(const Slice<T>& s, uint32_t threshold, Survivor
   return true;
 }
 
+// A top-k search needs k elements (0 < k < the number searched).
+struct CountNeed {
+  int64_t k;
+  __device__ uint64_t operator()(uint64_t) const { return static_cast<uint64_t>(k); }
+};
+
+// The smallest mass >= p * kept of a top-p search (at least one unit: the top token stays);
+// 0 when nothing has weight (nothing to search).
+struct TopPNeed {
+  float p;
+  __device__ uint64_t operator()(uint64_t kept) const {
+    const double need = ceil(static_cast<double>(p) * static_cast<double>(kept));
+    return kept == 0 ? 0 : need < 1.0 ? 1 : static_cast<uint64_t>(need);
+  }
+};
+
 // Top-p over the elements with Key >= threshold (p < 1), then the sample; every block of the
 // cluster runs the same reductions, whichever slice (whole or survivors) it walks.
 template <typename T, typename WeightFn>
@@ -436,17 +455,8 @@ __device__ __forceinline__ void TopPThenSample(const Slice<T>& s, uint32_t thres
                                                WeightFn&& weight, ClusterScratch& cs, RadixScratch& rs,
                                                SampleScratch& ss, Parities& par, int64_t* out) {
   if (p < 1.0f) {
-    uint64_t kept = 0;  // mass of the top-k set
-    for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
-      const float v = device::to_float(s.data[i]);
-      kept += Key(v) >= threshold ? weight(v) : 0u;
-    }
-    kept = ClusterSum(kept, cs, par);
-    if (kept > 0) {  // the smallest mass >= p * kept (at least one unit: the top token stays)
-      const double need = ceil(static_cast<double>(p) * static_cast<double>(kept));
-      const uint64_t need_units = need < 1.0 ? 1 : static_cast<uint64_t>(need);
-      threshold = max(threshold, RadixSelect<true>(s, threshold, need_units, weight, rs, par.radix));
-    }
+    const Selection nucleus = RadixSelect<true>(s, threshold, TopPNeed{p}, weight, rs, par.radix);
+    threshold = max(threshold, nucleus.threshold);
   }
   SampleIndex(
       s, u,
@@ -482,7 +492,7 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
 
   uint32_t threshold = 0;  // tokens with Key(logit) >= threshold are kept
   auto weight = [row_max](float v) { return ExpWeight(v, row_max); };
-  if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, static_cast<uint64_t>(k), weight, rs, par.radix);
+  if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, CountNeed{k}, weight, rs, par.radix).threshold;
   Slice<float> survivors;
   if (threshold != 0 && CompactSurvivors(s, threshold, sv, &survivors)) {
     TopPThenSample(survivors, threshold, p, u, weight, cs, rs, ss, par, out + b);
@@ -573,30 +583,32 @@ __global__ void __launch_bounds__(1024, 1)
   const float scale = 0x1p31f / row_max;
   auto weight = [scale](float p) { return ProbWeight(p, scale); };
   uint32_t threshold = 0;  // tokens with Key(x) >= threshold are kept
+  bool kept_known = false;  // a top-p search also sums the kept mass
+  uint64_t kept = 0;
   if constexpr (kFilter == Filter::kTopPRenormProbs) {
     const float p = fminf(fmaxf(top_p[b], 0.0f), 1.0f);
-    uint64_t total = 0;
-    for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) total += weight(device::to_float(s.data[i]));
-    total = ClusterSum(total, cs, par);
-    if (p < 1.0f && total > 0) {
-      const double need = ceil(static_cast<double>(p) * static_cast<double>(total));
-      threshold = RadixSelect<true>(s, 0u, need < 1.0 ? 1 : static_cast<uint64_t>(need), weight, rs, par.radix);
+    if (p < 1.0f) {
+      const Selection nucleus = RadixSelect<true>(s, 0u, TopPNeed{p}, weight, rs, par.radix);
+      threshold = nucleus.threshold;
+      kept = nucleus.kept;
+      kept_known = true;
     }
   } else {
     const int64_t k = top_k[b];
-    if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, static_cast<uint64_t>(k), weight, rs, par.radix);
+    if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, CountNeed{k}, weight, rs, par.radix).threshold;
   }
   T* dst = out + b * vocab + s.begin;
   if constexpr (kFilter == Filter::kTopKMaskLogits) {
     const T masked = device::from_float<T>(-INFINITY);
     WriteSlice(dst, s, [&](T x) { return Key(device::to_float(x)) >= threshold ? x : masked; });
   } else {
-    uint64_t kept = 0;
-    for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
-      const float p = device::to_float(s.data[i]);
-      kept += Key(p) >= threshold ? weight(p) : 0u;
+    if (!kept_known) {
+      for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
+        const float p = device::to_float(s.data[i]);
+        kept += Key(p) >= threshold ? weight(p) : 0u;
+      }
+      kept = ClusterSum(kept, cs, par);
     }
-    kept = ClusterSum(kept, cs, par);
     // p / (sum of kept p) = p * scale / kept; a row with nothing kept is written as zeros.
     const float factor = kept > 0 ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.0f;
     WriteSlice(dst, s, [&](T x) {

@@ -66,14 +66,18 @@ class Attention:
         # CUDA's prefill kernels are half precision: a float32 model prefills with decode_attention,
         # one row per prompt token over its request's first position + 1 keys (the causal rule).
         self.prefill_as_decode = device.type == "cuda" and dtype == torch.float32
+        self._decode_rows = None  # (batch, block-table rows, lengths): built once per step, not per layer
 
     def prefill(self, q, k_cache, v_cache, batch: StepBatch):
         if self.prefill_as_decode:
-            counts = (batch.cu_seqlens_q[1:] - batch.cu_seqlens_q[:-1]).long()
-            request = torch.repeat_interleave(torch.arange(counts.numel(), device=q.device), counts,
-                                              output_size=q.shape[0])  # output_size: no host sync
-            return mk.decode_attention(q, k_cache, v_cache, batch.block_table.index_select(0, request),
-                                       (batch.positions + 1).to(torch.int32))
+            if self._decode_rows is None or self._decode_rows[0] is not batch:
+                counts = (batch.cu_seqlens_q[1:] - batch.cu_seqlens_q[:-1]).long()
+                request = torch.repeat_interleave(torch.arange(counts.numel(), device=q.device), counts,
+                                                  output_size=q.shape[0])  # output_size: no host sync
+                self._decode_rows = (batch, batch.block_table.index_select(0, request),
+                                     (batch.positions + 1).to(torch.int32))
+            _, block_rows, lengths = self._decode_rows
+            return mk.decode_attention(q, k_cache, v_cache, block_rows, lengths)
         return mk.paged_prefill_attention(q, k_cache, v_cache, batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
                                           num_threads=self.num_threads)
 
