@@ -78,6 +78,57 @@ def build(spec: JitSpec, location: ModuleLocation | None = None) -> Path:
     return location.module_path
 
 
+def path_names(build_dir: Path, include_paths: list[Path], nvcc: str | None = None) -> list[tuple[str, str]]:
+    """(path, fixed name) for every folder whose location could reach a module or its build.json:
+    the build directory is ".", include path i is "include<i>-<its name>", nvcc's folder
+    "nvcc-bin". A folder inside another comes after it; otherwise the order is the names', so
+    that it does not depend on where the folders are either."""
+    names = {str(build_dir): "."} | {str(path): f"include{i}-{path.name}" for i, path in enumerate(include_paths)}
+    if nvcc and os.path.isabs(nvcc):
+        names[os.path.dirname(nvcc)] = "nvcc-bin"
+
+    def depth(path: str) -> int:  # how many of the other folders hold this one
+        return sum(1 for other in names if other != path and Path(path).is_relative_to(other))
+
+    return sorted(names.items(), key=lambda item: (depth(item[0]), item[1]))
+
+
+def reproducible_flags(names: list[tuple[str, str]], seed: str) -> list[str]:
+    """Host-compiler flags that make a module's bytes independent of where its files live, so two
+    checkouts (or Bazel sandboxes) build identical modules: every path the compiler may record
+    (__FILE__ in headers' error messages) becomes its fixed name (GCC applies the last matching
+    map: inner folders come last), and the names gcc would randomize are seeded
+    from the module's key."""
+    return [*(f"-ffile-prefix-map={path}={name}" for path, name in names), f"-frandom-seed={seed}"]
+
+
+def _portable(value: Any, names: list[tuple[str, str]]) -> Any:
+    """build.json's strings with the same fixed names (inner folders first), so it is as
+    reproducible as the module."""
+    if isinstance(value, str):
+        for path, name in reversed(names):
+            value = value.replace(path, name)
+        return value
+    if isinstance(value, dict):
+        return {k: _portable(v, names) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_portable(v, names) for v in value]
+    return value
+
+
+def _wrapper_includes(files: list[str], include_paths: list[Path]) -> list[str]:
+    """How the wrapper names its sources: by basename where that finds the same file through the
+    include path (the source key hashes basenames too), else by absolute path."""
+    sources = [resolve_source(f) for f in files]
+
+    def found(name: str) -> Path | None:
+        return next((path / name for path in include_paths if (path / name).is_file()), None)
+
+    if all(found(source.name) == source for source in sources):
+        return [source.name for source in sources]
+    return [str(source) for source in sources]
+
+
 def _compile_into(spec: JitSpec, build_dir: Path, location: ModuleLocation) -> None:
     compilers = spec.compilers()
     cxx = compilers["cxx"]
@@ -85,26 +136,31 @@ def _compile_into(spec: JitSpec, build_dir: Path, location: ModuleLocation) -> N
     flags = spec.flags(location.archs)
     include_paths = spec.include_paths()
     _, tvm_lib = config.tvm_ffi_paths()
+    names = path_names(build_dir, include_paths, nvcc)
+    host_flags = reproducible_flags(names, location.key[:16])
+    cflags = [*flags["cflags"], *host_flags]
 
+    # Commands run in build_dir and name its files relatively: no temp-dir name reaches the output.
     compile_commands: list[list[str]] = []
     objects: list[Path] = []
     for unit in spec.wrapper_units():
-        wrapper = build_dir / f"wrapper{unit.suffix}"
-        sources = [str(resolve_source(f)) for f in unit.files]
-        wrapper.write_text(render_wrapper(sources, unit.exports, unit.simd_exports))
-        obj = build_dir / f"wrapper{unit.suffix}.o"
+        wrapper = Path(f"wrapper{unit.suffix}")
+        text = render_wrapper(_wrapper_includes(unit.files, include_paths), unit.exports, unit.simd_exports)
+        (build_dir / wrapper).write_text(text)
+        obj = Path(f"wrapper{unit.suffix}.o")
         if unit.suffix == ".cu":
-            command = compile.nvcc_compile_command(nvcc, cxx, wrapper, obj, include_paths, flags["cuda_cflags"])
+            cuda_cflags = [*flags["cuda_cflags"], *(f"-Xcompiler={flag}" for flag in host_flags)]
+            command = compile.nvcc_compile_command(nvcc, cxx, wrapper, obj, include_paths, cuda_cflags)
         else:
-            command = compile.cxx_compile_command(cxx, wrapper, obj, include_paths, flags["cflags"])
+            command = compile.cxx_compile_command(cxx, wrapper, obj, include_paths, cflags)
         compile_commands.append(command)
         objects.append(obj)
     for index, source in enumerate(spec.extra_sources()):
-        obj = build_dir / f"extra{index}_{source.stem}.o"
-        compile_commands.append(compile.cxx_compile_command(cxx, source, obj, include_paths, flags["cflags"]))
+        obj = Path(f"extra{index}_{source.stem}.o")
+        compile_commands.append(compile.cxx_compile_command(cxx, source, obj, include_paths, cflags))
         objects.append(obj)
 
-    output = build_dir / MODULE_FILE
+    output = Path(MODULE_FILE)
     if spec.device == "cuda":
         link_command = compile.nvcc_link_command(nvcc, cxx, objects, output, tvm_lib, flags["ldflags"])
     else:
@@ -119,8 +175,9 @@ def _compile_into(spec: JitSpec, build_dir: Path, location: ModuleLocation) -> N
         print(f"mllm_kernel: building {spec.display_name} failed after {elapsed:.1f}s", file=sys.stderr, flush=True)
         raise
     for obj in objects:
-        obj.unlink(missing_ok=True)  # keep the cache small; wrappers + build.json stay for debugging
-    build_info = {"spec": asdict(spec), "key": location.key, "commands": compile_commands + [link_command]}
+        (build_dir / obj).unlink(missing_ok=True)  # keep the cache small; wrappers + build.json stay for debugging
+    commands = [[str(arg) for arg in command] for command in compile_commands + [link_command]]
+    build_info = _portable({"spec": asdict(spec), "key": location.key, "commands": commands}, names)
     (build_dir / "build.json").write_text(json.dumps(build_info, indent=2))
     elapsed = time.monotonic() - start
     print(f"mllm_kernel: compiled {spec.display_name} in {elapsed:.1f}s", file=sys.stderr, flush=True)

@@ -162,6 +162,9 @@ def nvcc_link_command(
     return [
         nvcc, "-ccbin", cxx, "-shared", "-cudart=static", *map(str, objs), "-o", str(output),
         "-Xlinker", "--no-undefined", f"-L{libdir}", "-ltvm_ffi", *ldflags,
+        # Local symbols carry nvcc's temp-file name (tmpxft_<pid>_...): dropped, so that the
+        # module's bytes do not depend on the compiler's process id.
+        "-Xlinker", "--discard-all",
     ]  # fmt: skip
 
 
