@@ -78,12 +78,14 @@ def build(spec: JitSpec, location: ModuleLocation | None = None) -> Path:
     return location.module_path
 
 
-def path_names(build_dir: Path, include_paths: list[Path], nvcc: str | None = None) -> list[tuple[str, str]]:
+def path_names(build_dir: Path, include_paths: list[Path], tvm_lib_dir: Path,
+               nvcc: str | None = None) -> list[tuple[str, str]]:  # fmt: skip
     """(path, fixed name) for every folder whose location could reach a module or its build.json:
-    the build directory is ".", include path i is "include<i>-<its name>", nvcc's folder
-    "nvcc-bin". A folder inside another comes after it; otherwise the order is the names', so
-    that it does not depend on where the folders are either."""
+    the build directory is ".", include path i is "include<i>-<its name>", tvm-ffi's library
+    folder "tvm_ffi-lib", nvcc's folder "nvcc-bin". A folder inside another comes after it;
+    otherwise the order is the names', so that it does not depend on where the folders are."""
     names = {str(build_dir): "."} | {str(path): f"include{i}-{path.name}" for i, path in enumerate(include_paths)}
+    names[str(tvm_lib_dir)] = "tvm_ffi-lib"
     if nvcc and os.path.isabs(nvcc):
         names[os.path.dirname(nvcc)] = "nvcc-bin"
 
@@ -136,7 +138,7 @@ def _compile_into(spec: JitSpec, build_dir: Path, location: ModuleLocation) -> N
     flags = spec.flags(location.archs)
     include_paths = spec.include_paths()
     _, tvm_lib = config.tvm_ffi_paths()
-    names = path_names(build_dir, include_paths, nvcc)
+    names = path_names(build_dir, include_paths, tvm_lib.parent, nvcc)
     host_flags = reproducible_flags(names, location.key[:16])
     cflags = [*flags["cflags"], *host_flags]
 

@@ -160,11 +160,12 @@ def nvcc_link_command(
 ) -> list[str]:
     libdir = tvm_lib.parent
     return [
-        nvcc, "-ccbin", cxx, "-shared", "-cudart=static", *map(str, objs), "-o", str(output),
-        "-Xlinker", "--no-undefined", f"-L{libdir}", "-ltvm_ffi", *ldflags,
-        # Local symbols carry nvcc's temp-file name (tmpxft_<pid>_...): dropped, so that the
-        # module's bytes do not depend on the compiler's process id.
-        "-Xlinker", "--discard-all",
+        # No device-link step: no module is compiled as relocatable device code, and nvlink would
+        # record its command line (absolute -L paths) in the module. Local symbols carry nvcc's
+        # temp-file name (tmpxft_<pid>_...): dropped. Both keep the bytes independent of where
+        # and when the module is built.
+        nvcc, "-ccbin", cxx, "-shared", "-cudart=static", "--no-device-link", *map(str, objs), "-o", str(output),
+        "-Xlinker", "--no-undefined", f"-L{libdir}", "-ltvm_ffi", *ldflags, "-Xlinker", "--discard-all",
     ]  # fmt: skip
 
 
