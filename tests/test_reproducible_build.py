@@ -50,7 +50,17 @@ def make_checkout(root: Path) -> Path:
     return root
 
 
-def prebuild(checkout: Path, devices: str) -> Path:
+def compiler_at(folder: Path) -> str:
+    """A C++ compiler at `folder`: a script running the usual one (a copied binary would not
+    find its own programs)."""
+    folder.mkdir(parents=True)
+    script = folder / "c++"
+    script.write_text(f'#!/bin/sh\nexec {shutil.which(config.cxx_compiler())} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def prebuild(checkout: Path, devices: str, cxx: str | None = None) -> Path:
     out = checkout / "prebuilt"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLLM_KERNEL_PREBUILT", "MLLM_KERNEL_INCLUDE"))}
     env["PYTHONPATH"] = os.pathsep.join([str(checkout), *sys.path])  # the copy's mllm_kernel first
@@ -59,6 +69,8 @@ def prebuild(checkout: Path, devices: str) -> Path:
     env["MLLM_KERNEL_HIGHWAY_ROOT"] = str(config.highway_root())
     if "cuda" in devices:
         env["MLLM_KERNEL_NVCC"] = config.nvcc_compiler()
+    if cxx:
+        env["CXX"] = cxx
     command = [sys.executable, "-m", "mllm_kernel.jit_utils.aot", "--out", str(out), "--devices", devices,
                "--archs", "sm_90a", "--module", "repro_specs"]  # fmt: skip
     result = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=900)
@@ -73,8 +85,12 @@ def tree(root: Path) -> dict[str, bytes]:
 def test_prebuild_is_identical_from_two_paths(tmp_path):
     devices = "cpu,cuda" if nvcc_available() else "cpu"
     # Different depths and names: path lengths differ too, so no offset can line up by chance.
-    first = prebuild(make_checkout(tmp_path / "a"), devices)
-    second = prebuild(make_checkout(tmp_path / "second" / "deeper" / "checkout"), devices)
+    # Each build's C++ compiler is the same wrapper script at its own path, as a hermetic
+    # toolchain sits in each Bazel output base: keys name compilers by content and version, not
+    # by place.
+    first = prebuild(make_checkout(tmp_path / "a"), devices, cxx=compiler_at(tmp_path / "a-tools"))
+    second_root = tmp_path / "second" / "deeper"
+    second = prebuild(make_checkout(second_root / "checkout"), devices, cxx=compiler_at(second_root / "tools"))
     a, b = tree(first), tree(second)
     assert sorted(a) == sorted(b), f"the trees hold different files: {sorted(set(a) ^ set(b))}"
     modules = [name for name in a if name.endswith("module.so")]

@@ -79,15 +79,16 @@ def build(spec: JitSpec, location: ModuleLocation | None = None) -> Path:
 
 
 def path_names(build_dir: Path, include_paths: list[Path], tvm_lib_dir: Path,
-               nvcc: str | None = None) -> list[tuple[str, str]]:  # fmt: skip
+               compilers: dict[str, str]) -> list[tuple[str, str]]:  # fmt: skip
     """(path, fixed name) for every folder whose location could reach a module or its build.json:
     the build directory is ".", include path i is "include<i>-<its name>", tvm-ffi's library
-    folder "tvm_ffi-lib", nvcc's folder "nvcc-bin". A folder inside another comes after it;
-    otherwise the order is the names', so that it does not depend on where the folders are."""
+    folder "tvm_ffi-lib", a compiler's folder "<cxx or nvcc>-bin". A folder inside another comes
+    after it; otherwise the order is the names', so that it does not depend on where they are."""
     names = {str(build_dir): "."} | {str(path): f"include{i}-{path.name}" for i, path in enumerate(include_paths)}
     names[str(tvm_lib_dir)] = "tvm_ffi-lib"
-    if nvcc and os.path.isabs(nvcc):
-        names[os.path.dirname(nvcc)] = "nvcc-bin"
+    for role, compiler in sorted(compilers.items()):
+        if os.path.isabs(compiler):
+            names[os.path.dirname(compiler)] = f"{role}-bin"
 
     def depth(path: str) -> int:  # how many of the other folders hold this one
         return sum(1 for other in names if other != path and Path(path).is_relative_to(other))
@@ -138,7 +139,7 @@ def _compile_into(spec: JitSpec, build_dir: Path, location: ModuleLocation) -> N
     flags = spec.flags(location.archs)
     include_paths = spec.include_paths()
     _, tvm_lib = config.tvm_ffi_paths()
-    names = path_names(build_dir, include_paths, tvm_lib.parent, nvcc)
+    names = path_names(build_dir, include_paths, tvm_lib.parent, compilers)
     host_flags = reproducible_flags(names, location.key[:16])
     cflags = [*flags["cflags"], *host_flags]
 

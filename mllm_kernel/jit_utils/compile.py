@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import shlex
@@ -24,8 +25,11 @@ CUDA_CFLAGS = ("-std=c++20", "-O3", "-Xcompiler", "-fPIC,-fvisibility=hidden")
 
 @functools.cache
 def compiler_identity(compiler: str) -> str:
-    """Resolved path plus `--version` output; part of every key. Cached per process, and across
-    processes by the stat of the compiler's real file (filememo), so a warm load runs nothing."""
+    """sha256 of the compiler's file plus its `--version` output; part of every key. Not its path:
+    the same compiler at another place (a second checkout's or Bazel output base's hermetic nvcc)
+    must give the same key, so that prebuilt trees are identical across machines. Cached per
+    process, and across processes by the stat of the compiler's real file (filememo), so a warm
+    load runs nothing."""
     resolved = shutil.which(compiler)
     if resolved is None:
         raise FileNotFoundError(f"mllm_kernel: compiler {compiler!r} not found (set CXX / MLLM_KERNEL_NVCC)")
@@ -34,7 +38,11 @@ def compiler_identity(compiler: str) -> str:
         result = subprocess.run([resolved, "--version"], capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"mllm_kernel: `{resolved} --version` failed:\n{result.stderr}")
-        return f"{os.path.realpath(resolved)}\n{result.stdout}"
+        digest = hashlib.sha256()
+        with open(os.path.realpath(resolved), "rb") as binary:
+            for chunk in iter(lambda: binary.read(1 << 20), b""):
+                digest.update(chunk)
+        return f"sha256 {digest.hexdigest()}\n{result.stdout}"
 
     return filememo.compiler_identity(resolved, ask)
 

@@ -181,7 +181,7 @@ def compiler_identity(resolved: str, compute: Callable[[], str]) -> str:
     """compute() for the compiler at `resolved`, memoized by the stat of the real file."""
     real = os.path.realpath(resolved)
     info = os.stat(real)
-    key = f"compiler:{real}"
+    key = f"compiler-sha256:{real}"  # renamed when the identity's form changed: old entries are ignored
     value = _lookup(key, stamp_of(info))
     if value is not None and "identity" in value:
         return value["identity"]
