@@ -72,6 +72,17 @@ def launch_function() -> Any:
     return _launch.launch
 
 
+@functools.cache
+def launcher_base() -> type:
+    """CompiledKernel's base class: the CPython extension's Launcher, whose C __call__ launches
+    without a Python frame (kernel.py's fast path), else object."""
+    try:
+        from . import _launch
+    except ImportError:
+        return object
+    return _launch.Launcher
+
+
 _contexts: dict[int, int] = {}
 _contexts_lock = threading.Lock()
 

@@ -1,9 +1,12 @@
 """CompiledKernel: a cubin's kernel, launched from Python through the driver API.
 
 A launch converts each argument to its parameter's declared type (signature.py), packs the
-launch configuration and the values into one per-thread record with struct.pack_into and
-hands the record's address to driver.cpp's Launch (cuLaunchKernelEx). Everything that can be
-checked is checked before the launch, naming the parameter.
+launch configuration and the values into one record and hands the record's address to
+driver.cpp's Launch (cuLaunchKernelEx). The common launch (default configuration, CUDA tensors
+of the declared dtypes, Python scalars in range) goes through one C call, the extension's
+fast_launch, which builds the record on its stack; every other launch takes the general path
+here, which packs a per-thread record with struct.pack_into. Everything that can be checked is
+checked before the launch, naming the parameter.
 
 Arguments:
 - pointer parameters: a CUDA torch tensor (its data pointer; the dtype must match the pointee,
@@ -36,6 +39,7 @@ RECORD_HEAD = "12I3Q"
 RECORD_HEAD_SIZE = 72
 RECORD_CALL_OFFSET = 48  # where context, function, stream start: what a default launch packs
 _POINTER, _SCALAR, _BF16, _OPAQUE = range(4)
+_FAST_RECORD_CAPACITY = 8192  # launch_ext.c's kRecordCapacity
 _DEFAULT_DYNAMIC_SHARED = 48 * 1024  # what a kernel may use without opting in
 _MAX_BLOCK = (1024, 1024, 64)
 _MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -103,8 +107,12 @@ class _Record:
         struct.pack_into("=12I", self.buffer, 0, *head, self.params_offset, 0)
 
 
-class CompiledKernel:
-    """A launchable kernel: `kernel(*args, grid=, block=, shared_mem_bytes=, stream=, cluster=)`."""
+class CompiledKernel(driver.launcher_base()):
+    """A launchable kernel: `kernel(*args, grid=, block=, shared_mem_bytes=, stream=, cluster=)`.
+
+    Calling it runs the base class's C __call__ (the extension's Launcher), which launches
+    through the fast path and calls _call_general when that declines; without the extension
+    (a checkout not built by Bazel), __call__ is _call_general."""
 
     def __init__(self, image: bytes, name: str, params: Sequence[Param], *, grid, block, shared_mem_bytes: int = 0,
                  cluster=None, source: str | None = None, path=None, log: str = "", compiler: str | None = None) -> None:  # fmt: skip
@@ -253,9 +261,8 @@ class CompiledKernel:
                 raise RuntimeError(f"{self.name}: the cubin has no kernel of that name ({error})") from None
             self._check_params(api, function)
             self._dynamic_limit[device] = _DEFAULT_DYNAMIC_SHARED - api.function_attribute(function, driver.FUNC_SHARED_SIZE_BYTES)
-            self._launch = driver.launch_function()  # looked up once: the hot paths call it directly
-            if hasattr(self, "_launcher_globals"):
-                self._launcher_globals["launch"] = self._launch
+            self._launch = driver.launch_function()  # looked up once: the general path calls it directly
+            self._publish_spec(device, context, function)
             self._functions[device] = (context, function)
             return context, function
 
@@ -337,76 +344,48 @@ class CompiledKernel:
             )
         api.set_function_attribute(context, function, driver.FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, wanted)
         self._dynamic_limit[device] = wanted
+        self._publish_spec(device, context, function)
 
     def _make_fast_path(self) -> None:
-        """A generated __call__ specialized to this signature for the common case (torch CUDA
-        tensors of the declared dtype, Python scalars in range, default launch options, the
-        function already loaded on the tensors' device). Generated as straight-line code, one
-        check per parameter, like Triton's launchers; anything else takes _launch_general."""
-        general = lambda args, stream: self._launch_general(args, stream=stream)  # noqa: E731
-        pointers = [i for i, kind in enumerate(self._kinds) if kind == _POINTER]
-        if _OPAQUE in self._kinds or not pointers or _get_raw_stream is None:
-            return  # CompiledKernel.__call__: the general path
-        names = [f"a{i}" for i in range(len(self.params))]
-        env: dict[str, Any] = {"Tensor": torch.Tensor, "Stream": torch.cuda.Stream, "general": general,
-                               "kernel": self, "bf16": _bf16_bits,
-                               "raw_stream": _get_raw_stream, "functions": self._functions,
-                               "limits": self._dynamic_limit, "local": self._local}  # fmt: skip
-        checks, values, aligned = [], [], []
-        for i, (kind, info) in enumerate(zip(self._kinds, self._infos)):
-            a = names[i]
-            if kind == _POINTER:
-                checks.append(f"{a}.__class__ is Tensor and {a}.is_cuda")
-                if info[0] is not None and len(info[0]) == 1:
-                    (env[f"D{i}"],) = info[0]
-                    checks.append(f"{a}.dtype is D{i}")
-                elif info[0] is not None:
-                    env[f"S{i}"] = frozenset(info[0])
-                    checks.append(f"{a}.dtype in S{i}")
-                values.append(f"p{i}")
-                if info[2]:
-                    aligned.append(f"not p{i} & {info[2]}")
-            else:
-                _, scalar_kind, python_type, low, high = info
-                env[f"T{i}"], env[f"L{i}"], env[f"H{i}"] = python_type, low, high
-                checks.append(f"{a}.__class__ is T{i}" + ("" if python_type is bool else f" and L{i} <= {a} <= H{i}"))
-                values.append(f"bf16({a})" if kind == _BF16 else a)
-        same_device = [f"{names[i]}.get_device() == device" for i in pointers[1:]]
-        tail_layout = "=3Q" + self._layout[len("=" + RECORD_HEAD):]
-        env["pack"] = struct.Struct(tail_layout).pack_into
-        lines = [
-            "def __call__(self, *args, stream=None, grid=None, block=None, shared_mem_bytes=None, cluster=None):",
-            "    if grid is None and block is None and shared_mem_bytes is None and cluster is None:",
-            "        try:",
-            f"            {', '.join(names)}, = args",
-            "        except ValueError:",
-            "            return self._launch_general(args, stream=stream)",
-            f"        if {' and '.join(checks)}:",
-            f"            device = {names[pointers[0]]}.get_device()",
-            "            found = functions.get(device)",
-            f"            if {' and '.join(same_device + ['found is not None'])}:",
-            "                if stream is None:",
-            "                    handle = raw_stream(device)",
-            "                elif stream.__class__ is Stream and stream.device_index == device:",
-            "                    handle = stream.cuda_stream",
-            "                else:",
-            "                    return general(args, stream)",
-            *[f"                p{i} = {names[i]}.data_ptr()" for i in pointers],
-            "                record = getattr(local, 'record', None)",
-            f"                if {' and '.join(['record is not None'] + aligned + ([f'limits[device] >= {self.dynamic_shared_mem_bytes}'] if self.dynamic_shared_mem_bytes else []))}:",
-            f"                    pack(record.buffer, {RECORD_CALL_OFFSET}, found[0], found[1], handle, {', '.join(values)})",
-            "                    try:",
-            "                        launch(record.address)",
-            "                    except RuntimeError as error:",
-            "                        raise RuntimeError(f'{self.name}: launch failed: {error}') from None",
-            "                    return",
-            "    return self._launch_general(args, grid, block, shared_mem_bytes, stream, cluster)",
-        ]
-        exec(compile("\n".join(lines), f"<mllm_kernel.runtime launcher of {self.name}>", "exec"), env)
-        # The launcher is this kernel's own __call__ (a subclass per kernel: Python finds __call__
-        # on the type), which saves a call frame per launch.
-        self._launcher_globals = env
-        self.__class__ = type(type(self).__name__, (type(self),), {"__call__": env["__call__"], "__module__": __name__})
+        """The plan of the C fast path (the extension's Launcher, see launch_ext.c), which takes a
+        default launch with torch CUDA tensors of the declared dtypes, Python scalars in range and
+        the kernel loaded on the tensors' device from the call to cuLaunchKernelEx; it declines
+        anything else, which then takes _launch_general. None where the extension is absent (a
+        checkout without Bazel), for structs by value, and without torch's CUDA stream query."""
+        self._plan = None
+        if driver.launcher_base() is object or _OPAQUE in self._kinds or _get_raw_stream is None:
+            return
+        dtypes = tuple(tuple(info[0]) if kind == _POINTER and info[0] is not None else None
+                       for kind, info in zip(self._kinds, self._infos))  # fmt: skip
+        self._specs: list[bytes | None] = []  # per device, once the kernel is loaded there (_publish_spec)
+        self._plan = (self.name, self._specs, torch.Tensor, torch.cuda.Stream, _get_raw_stream, dtypes)
+
+    def _publish_spec(self, device: int, context: int, function: int) -> None:
+        """Let the fast path launch on `device` (once the function allows its default dynamic
+        shared memory there)."""
+        if self._plan is None or self.dynamic_shared_mem_bytes > self._dynamic_limit[device]:
+            return
+        spec = self._value_spec(context, function)
+        if spec is not None:  # else every launch takes the general path
+            self._specs.extend([None] * (device + 1 - len(self._specs)))
+            self._specs[device] = spec
+
+    def _value_spec(self, context: int, function: int) -> bytes | None:
+        """fast_launch' spec for a default launch of this kernel on one device (its layout is in
+        launch_ext.c): the value slots' offsets and formats, then the record's template. None for
+        a record larger than fast_launch builds on its stack."""
+        record = _Record(self._layout, self._offsets, self._default_head())
+        size = len(record.buffer)
+        if size > _FAST_RECORD_CAPACITY:
+            return None
+        struct.pack_into("=2Q", record.buffer, RECORD_CALL_OFFSET, context, function)
+        slots = []
+        for offset, kind, info in zip(self._offsets, self._kinds, self._infos):
+            fmt, mask = ("P", info[2]) if kind == _POINTER else ("E" if kind == _BF16 else info[0], 0)
+            if mask > 255:
+                return None
+            slots.append(struct.pack("=IBB2x", offset, ord(fmt), mask))
+        return struct.pack("=2I8x", size, len(slots)) + b"".join(slots) + bytes(record.buffer)
 
     def _record(self) -> _Record:
         record = getattr(self._local, "record", None)
@@ -417,12 +396,14 @@ class CompiledKernel:
     def _default_head(self) -> tuple[int, ...]:
         return (*self.grid, *self.block, self.dynamic_shared_mem_bytes, *self.cluster)
 
-    def __call__(self, *args: Any, stream=None, **launch_options: Any) -> None:
+    def _call_general(self, *args: Any, stream=None, grid=None, block=None, shared_mem_bytes=None, cluster=None) -> None:
         """Launch with `args` on `stream` (default: torch's current stream of the tensors' device;
-        a torch.cuda.Stream or a raw CUstream handle). launch_options override the defaults:
-        grid, block, shared_mem_bytes, cluster. (Most kernels get a generated __call__ with a
-        fast path in front of this one: _make_fast_path.)"""
-        return self._launch_general(args, stream=stream, **launch_options)
+        a torch.cuda.Stream or a raw CUstream handle). grid, block, shared_mem_bytes and cluster
+        override the kernel's defaults for this launch."""
+        return self._launch_general(args, grid, block, shared_mem_bytes, stream, cluster)
+
+    if driver.launcher_base() is object:  # no extension
+        __call__ = _call_general
 
     def _launch_general(self, args: Sequence[Any], grid=None, block=None, shared_mem_bytes=None, stream=None,
                         cluster=None) -> None:  # fmt: skip

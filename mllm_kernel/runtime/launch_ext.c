@@ -1,16 +1,30 @@
-/* mllm_kernel.runtime._launch: the launch call as a CPython extension function (METH_O), for
- * the few hundred nanoseconds a tvm-ffi call costs more on a path that is a few microseconds in
- * all. It only forwards a launch record's address to driver.cpp's C entry point, whose address
- * the driver module hands over once (set_entry); everything else stays in driver.cpp.
+/* mllm_kernel.runtime._launch: the launch path of CompiledKernel as a CPython extension.
+ *
+ * fast_launch(plan, args, stream) takes a default launch (the kernel's own grid, block, shared
+ * memory and cluster) from the Python call to cuLaunchKernelEx: it checks each argument against
+ * its parameter, builds the launch record on the C stack and calls driver.cpp's C entry point,
+ * whose address the driver module hands over once (set_entry). It returns False, having launched
+ * nothing, for anything it does not take as is (a NumPy array, a numpy scalar, a value out of
+ * range, a tensor of another dtype or device, a kernel not yet loaded on the device, ...): the
+ * caller then runs its general path, which converts what can be converted and raises naming the
+ * parameter otherwise. launch(record_address) launches a record the general path packed.
+ *
  * Built against the stable ABI (abi3): one binary serves CPython 3.10 and later. */
 #define Py_LIMITED_API 0x030A0000
 #include <Python.h>
+#include <structmember.h> /* PyMemberDef, T_OBJECT_EX (the limited API's, before 3.12) */
+#include <float.h>
+#include <stddef.h>
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef int (*LaunchEntry)(int64_t record, char* message, size_t capacity);
 static LaunchEntry entry = NULL;
+static PyObject *s_is_cuda, *s_dtype, *s_get_device, *s_data_ptr, *s_device_index, *s_cuda_stream;
 
 static PyObject* set_entry(PyObject* self, PyObject* address) {
+  (void)self;
   void* pointer = PyLong_AsVoidPtr(address);
   if (pointer == NULL) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "set_entry: null entry point");
@@ -20,27 +34,422 @@ static PyObject* set_entry(PyObject* self, PyObject* address) {
   Py_RETURN_NONE;
 }
 
-static PyObject* launch(PyObject* self, PyObject* record) {
-  long long address = PyLong_AsLongLong(record);
-  if (address == -1 && PyErr_Occurred()) return NULL;
+static int call_entry(const char* record, const char* kernel_name) {
   if (entry == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "mllm_kernel.runtime._launch: set_entry was not called");
-    return NULL;
+    return -1;
   }
   char message[1024];
-  if (entry((int64_t)address, message, sizeof message) != 0) {
-    PyErr_SetString(PyExc_RuntimeError, message);
+  if (entry((int64_t)(intptr_t)record, message, sizeof message) != 0) {
+    if (kernel_name != NULL) {
+      PyErr_Format(PyExc_RuntimeError, "%s: launch failed: %s", kernel_name, message);
+    } else {
+      PyErr_SetString(PyExc_RuntimeError, message);
+    }
+    return -1;
+  }
+  return 0;
+}
+
+static PyObject* launch(PyObject* self, PyObject* record) {
+  (void)self;
+  long long address = PyLong_AsLongLong(record);
+  if (address == -1 && PyErr_Occurred()) return NULL;
+  if (call_entry((const char*)(intptr_t)address, NULL) != 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The plan, made once per kernel by kernel.py (_FastPlan.astuple), a tuple:
+ *   (name: str, specs: list of bytes or None indexed by device, Tensor type, Stream type,
+ *    raw_stream: callable device -> CUstream, dtypes: tuple with, per parameter, None (any
+ *    dtype, or not a pointer) or a tuple of accepted torch dtypes)
+ * A spec (per device: the loaded function and its context are in it):
+ *   uint32 record_size, uint32 count, uint64 unused,
+ *   count x {uint32 offset, uint8 format, uint8 alignment mask (pointers), 2 bytes unused},
+ *   the record's template (record_size bytes: driver.cpp's LaunchRecord head with the launch
+ *   configuration, context and function, the value slots, then the kernelParams array, filled
+ *   here with the slots' addresses).
+ * Formats: 'P' pointer; struct's 'b' 'B' 'h' 'H' 'i' 'I' 'q' 'Q' integers, '?' bool, 'f' float,
+ * 'd' double, 'e' half; 'E' bfloat16. */
+enum { kRecordCapacity = 8192, kParamsOffsetAt = 40, kContextAt = 48, kStreamAt = 64, kSpecHead = 16, kSlotSize = 8 };
+enum { kLaunched = 1, kDeclined = 0, kFailed = -1 };
+
+static size_t format_size(char format) {
+  switch (format) {
+    case 'P': case 'q': case 'Q': case 'd': return 8;
+    case 'i': case 'I': case 'f': return 4;
+    case 'h': case 'H': case 'e': case 'E': return 2;
+    case 'b': case 'B': case '?': return 1;
+    default: return 0;
+  }
+}
+
+/* x -> IEEE half bits, rounding to nearest even, as struct's "e" does; |x| <= 65504. */
+static uint16_t half_bits(double x) {
+  const uint16_t sign = signbit(x) ? 0x8000 : 0;
+  const double a = fabs(x);
+  if (a < 6.103515625e-05) return sign | (uint16_t)rint(a * 16777216.0); /* subnormal: units of 2^-24 */
+  int exponent;
+  const double mantissa = frexp(a, &exponent); /* a = mantissa * 2^exponent, mantissa in [0.5, 1) */
+  const unsigned bits = (unsigned)rint((mantissa * 2.0 - 1.0) * 1024.0); /* may round up to 1024 */
+  return sign | (uint16_t)((((unsigned)(exponent - 1 + 15)) << 10) + bits);
+}
+
+/* x -> bfloat16 bits via float, rounding to nearest even (kernel.py's _bf16_bits). */
+static uint16_t bf16_bits(double x) {
+  const float f = (float)x;
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  return (uint16_t)(((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF);
+}
+
+/* An integer argument of the exact type int within the format's range, else declined. */
+static int integer_value(PyObject* arg, char format, char* slot) {
+  if (!PyLong_CheckExact(arg)) return kDeclined;
+  if (format == 'Q') {
+    const unsigned long long v = PyLong_AsUnsignedLongLong(arg);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return kDeclined;
+    }
+    memcpy(slot, &v, 8);
+    return kLaunched;
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(arg, &overflow);
+  if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return kDeclined;
+  }
+  long long low, high;
+  size_t size;
+  switch (format) {
+    case 'b': low = INT8_MIN, high = INT8_MAX, size = 1; break;
+    case 'B': low = 0, high = UINT8_MAX, size = 1; break;
+    case 'h': low = INT16_MIN, high = INT16_MAX, size = 2; break;
+    case 'H': low = 0, high = UINT16_MAX, size = 2; break;
+    case 'i': low = INT32_MIN, high = INT32_MAX, size = 4; break;
+    case 'I': low = 0, high = UINT32_MAX, size = 4; break;
+    case 'q': low = INT64_MIN, high = INT64_MAX, size = 8; break;
+    default: return kDeclined;
+  }
+  if (v < low || v > high) return kDeclined;
+  memcpy(slot, &v, size); /* little-endian: the low bytes */
+  return kLaunched;
+}
+
+/* A float argument of the exact type float, finite within the format's range (a double may
+ * also be infinite), else declined. */
+static int float_value(PyObject* arg, char format, char* slot) {
+  if (!PyFloat_CheckExact(arg)) return kDeclined;
+  const double v = PyFloat_AsDouble(arg);
+  if (isnan(v)) return kDeclined;
+  if (format == 'd') {
+    memcpy(slot, &v, 8);
+    return kLaunched;
+  }
+  const double limit = format == 'f' ? FLT_MAX : format == 'e' ? 65504.0 : 3.3895313892515355e38;
+  if (!(fabs(v) <= limit)) return kDeclined;
+  if (format == 'f') {
+    const float f = (float)v;
+    memcpy(slot, &f, 4);
+  } else {
+    const uint16_t bits = format == 'e' ? half_bits(v) : bf16_bits(v);
+    memcpy(slot, &bits, 2);
+  }
+  return kLaunched;
+}
+
+/* One pointer argument: None (a null pointer) or an exact torch.Tensor on a CUDA device, of an
+ * accepted dtype, on the same device as the tensors before it (*device: -1 before the first),
+ * its data pointer aligned as the pointee needs. With pointers_as_ints (the tests' record_of),
+ * a Python int stands for a tensor's data pointer. */
+static int pointer_value(PyObject* arg, PyObject* tensor_type, PyObject* dtypes, unsigned mask, int pointers_as_ints,
+                         long* device, char* slot) {
+  unsigned long long pointer = 0;
+  if (pointers_as_ints && PyLong_CheckExact(arg)) {
+    pointer = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return kFailed;
+  } else if (arg != Py_None) {
+    if ((PyObject*)Py_TYPE(arg) != tensor_type) return kDeclined;
+    PyObject* is_cuda = PyObject_GetAttr(arg, s_is_cuda);
+    if (is_cuda == NULL) return kFailed;
+    Py_DECREF(is_cuda);
+    if (is_cuda != Py_True) return kDeclined;
+    if (dtypes != Py_None) {
+      PyObject* dtype = PyObject_GetAttr(arg, s_dtype);
+      if (dtype == NULL) return kFailed;
+      Py_DECREF(dtype); /* the tensor keeps its dtype alive */
+      int accepted = 0;
+      for (Py_ssize_t i = 0, n = PyTuple_Size(dtypes); i < n && !accepted; ++i) accepted = PyTuple_GetItem(dtypes, i) == dtype;
+      if (!accepted) return kDeclined;
+    }
+    PyObject* index = PyObject_CallMethodObjArgs(arg, s_get_device, NULL);
+    if (index == NULL) return kFailed;
+    const long arg_device = PyLong_AsLong(index);
+    Py_DECREF(index);
+    if (arg_device < 0 || (*device >= 0 && arg_device != *device)) return kDeclined;
+    *device = arg_device;
+    PyObject* address = PyObject_CallMethodObjArgs(arg, s_data_ptr, NULL);
+    if (address == NULL) return kFailed;
+    pointer = PyLong_AsUnsignedLongLong(address);
+    Py_DECREF(address);
+    if (PyErr_Occurred()) return kFailed;
+    if (pointer & mask) return kDeclined;
+  }
+  memcpy(slot, &pointer, 8);
+  return kLaunched;
+}
+
+/* Fills `record` from the plan, args and stream: kLaunched (ready), kDeclined or kFailed (a
+ * Python error set). `device` is the tensors' device, or the given one for record_of. */
+static int build_record(PyObject* plan, PyObject* args, PyObject* stream, int pointers_as_ints, long device,
+                        char* record, Py_ssize_t* record_size) {
+  if (!PyTuple_Check(plan) || PyTuple_Size(plan) != 6 || !PyTuple_Check(args)) {
+    PyErr_SetString(PyExc_TypeError, "expected (plan: the 6-tuple of kernel.py's _FastPlan, args: tuple, stream)");
+    return kFailed;
+  }
+  PyObject* specs = PyTuple_GetItem(plan, 1);
+  PyObject* tensor_type = PyTuple_GetItem(plan, 2);
+  PyObject* dtypes = PyTuple_GetItem(plan, 5);
+  const Py_ssize_t nargs = PyTuple_Size(args);
+  if (PyTuple_Size(dtypes) != nargs) return kDeclined; /* the general path names the count */
+  /* The spec is per device, and the device is the first tensor's: fill the record from any
+   * loaded device's spec (a kernel's specs differ only in context and function), then take
+   * those two from the tensors' device's spec. */
+  PyObject* any_spec = NULL;
+  for (Py_ssize_t i = 0, n = PyList_Size(specs); i < n && any_spec == NULL; ++i) {
+    PyObject* item = PyList_GetItem(specs, i);
+    if (item != Py_None) any_spec = item;
+  }
+  if (any_spec == NULL) return kDeclined; /* not loaded anywhere yet */
+  const char* slots = PyBytes_AsString(any_spec);
+  if (slots == NULL) return kFailed;
+  uint32_t size, count, params_offset;
+  memcpy(&size, slots, 4);
+  memcpy(&count, slots + 4, 4);
+  if (size > kRecordCapacity || (Py_ssize_t)count != nargs ||
+      PyBytes_Size(any_spec) != (Py_ssize_t)(kSpecHead + kSlotSize * (size_t)count + size)) {
+    PyErr_SetString(PyExc_ValueError, "the launch spec does not match the kernel's parameters");
+    return kFailed;
+  }
+  memcpy(record, slots + kSpecHead + kSlotSize * count, size);
+  memcpy(&params_offset, record + kParamsOffsetAt, 4);
+  if ((size_t)params_offset + 8 * (size_t)count > size) {
+    PyErr_SetString(PyExc_ValueError, "the launch spec's kernelParams array lies outside its record");
+    return kFailed;
+  }
+  long tensors_device = -1;
+  for (uint32_t i = 0; i < count; ++i) {
+    const unsigned char* slot = (const unsigned char*)slots + kSpecHead + kSlotSize * i;
+    uint32_t offset;
+    memcpy(&offset, slot, 4);
+    const char format = (char)slot[4];
+    if (format_size(format) == 0 || offset + format_size(format) > params_offset) {
+      PyErr_SetString(PyExc_ValueError, "the launch spec has a bad value slot");
+      return kFailed;
+    }
+    char* value = record + offset;
+    PyObject* arg = PyTuple_GetItem(args, i);
+    int status;
+    if (format == 'P') {
+      status = pointer_value(arg, tensor_type, PyTuple_GetItem(dtypes, i), slot[5], pointers_as_ints, &tensors_device,
+                             value);
+    } else if (format == '?') {
+      status = PyBool_Check(arg) ? kLaunched : kDeclined;
+      *value = arg == Py_True;
+    } else if (format == 'f' || format == 'd' || format == 'e' || format == 'E') {
+      status = float_value(arg, format, value);
+    } else {
+      status = integer_value(arg, format, value);
+    }
+    if (status != kLaunched) return status;
+    const void* address = value;
+    memcpy(record + params_offset + 8 * i, &address, 8);
+  }
+  if (!pointers_as_ints) {
+    if (tensors_device < 0) return kDeclined; /* no tensor: the general path finds the device */
+    device = tensors_device;
+  }
+  PyObject* spec = device < PyList_Size(specs) ? PyList_GetItem(specs, device) : NULL;
+  if (spec == NULL || spec == Py_None) return kDeclined; /* not loaded on this device yet */
+  memcpy(record + kContextAt, PyBytes_AsString(spec) + kSpecHead + kSlotSize * count + kContextAt, 16);
+
+  uint64_t handle;
+  if (stream == Py_None) {
+    PyObject* raw = PyObject_CallFunction(PyTuple_GetItem(plan, 4), "l", device);
+    if (raw == NULL) return kFailed;
+    handle = PyLong_AsUnsignedLongLong(raw);
+    Py_DECREF(raw);
+    if (PyErr_Occurred()) return kFailed;
+  } else if ((PyObject*)Py_TYPE(stream) == PyTuple_GetItem(plan, 3)) {
+    PyObject* index = PyObject_GetAttr(stream, s_device_index);
+    if (index == NULL) return kFailed;
+    const long stream_device = PyLong_AsLong(index);
+    Py_DECREF(index);
+    if (stream_device != device) return kDeclined; /* the general path says which is where */
+    PyObject* raw = PyObject_GetAttr(stream, s_cuda_stream);
+    if (raw == NULL) return kFailed;
+    handle = PyLong_AsUnsignedLongLong(raw);
+    Py_DECREF(raw);
+    if (PyErr_Occurred()) return kFailed;
+  } else {
+    return kDeclined; /* a raw handle or anything else: the general path */
+  }
+  memcpy(record + kStreamAt, &handle, 8);
+  *record_size = size;
+  return kLaunched;
+}
+
+/* Launches if it can: 1 launched, 0 declined (nothing launched), -1 failed (error set). */
+static int try_fast_launch(PyObject* plan, PyObject* args, PyObject* stream) {
+  _Alignas(16) char record[kRecordCapacity];
+  Py_ssize_t size = 0;
+  const int status = build_record(plan, args, stream, 0, -1, record, &size);
+  if (status != kLaunched) return status;
+  const char* name = PyUnicode_AsUTF8AndSize(PyTuple_GetItem(plan, 0), NULL);
+  if (name == NULL || call_entry(record, name) != 0) return kFailed;
+  return kLaunched;
+}
+
+/* fast_launch(plan, args, stream) -> True (launched) or False (declined: nothing launched). */
+static PyObject* fast_launch(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "fast_launch(plan, args, stream)");
     return NULL;
   }
-  Py_RETURN_NONE;
+  const int status = try_fast_launch(args[0], args[1], args[2]);
+  if (status == kFailed) return NULL;
+  return PyBool_FromLong(status == kLaunched);
+}
+
+/* Launcher: the base class of CompiledKernel where the extension exists. Calling an instance
+ * tries fast_launch with its `_plan` (None: no fast path) and calls its Python method
+ * `_call_general(*args, **kwargs)` when that declines or a launch option other than stream= is
+ * given, so a launch costs no Python frame. */
+typedef struct {
+  PyObject_HEAD
+  PyObject* plan;
+} Launcher;
+
+static PyObject* s_call_general;
+
+static PyObject* launcher_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  PyObject* plan = ((Launcher*)self)->plan;
+  if (plan != NULL && plan != Py_None) {
+    PyObject* stream = Py_None;
+    Py_ssize_t options = kwargs == NULL ? 0 : PyDict_Size(kwargs);
+    if (options == 1) {
+      stream = PyDict_GetItemString(kwargs, "stream"); /* borrowed */
+      if (stream != NULL) options = 0;
+    }
+    if (options == 0) {
+      const int status = try_fast_launch(plan, args, stream);
+      if (status == kFailed) return NULL;
+      if (status == kLaunched) Py_RETURN_NONE;
+    }
+  }
+  PyObject* general = PyObject_GetAttr(self, s_call_general);
+  if (general == NULL) return NULL;
+  PyObject* result = PyObject_Call(general, args, kwargs);
+  Py_DECREF(general);
+  return result;
+}
+
+static int launcher_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self)); /* a heap type's instances own a reference to it */
+  Py_VISIT(((Launcher*)self)->plan);
+  return 0;
+}
+
+static int launcher_clear(PyObject* self) {
+  Py_CLEAR(((Launcher*)self)->plan);
+  return 0;
+}
+
+static void launcher_dealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  launcher_clear(self);
+  ((freefunc)PyType_GetSlot(type, Py_tp_free))(self);
+  Py_DECREF(type);
+}
+
+static PyMemberDef launcher_members[] = {
+    {"_plan", T_OBJECT_EX, offsetof(Launcher, plan), 0, "the fast path's plan (kernel.py), or None"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot launcher_slots[] = {
+    {Py_tp_call, launcher_call},
+    {Py_tp_traverse, launcher_traverse},
+    {Py_tp_clear, launcher_clear},
+    {Py_tp_dealloc, launcher_dealloc},
+    {Py_tp_members, launcher_members},
+    {Py_tp_doc, "Calls launch through fast_launch with self._plan, else self._call_general."},
+    {0, NULL},
+};
+
+static PyType_Spec launcher_spec = {"mllm_kernel.runtime._launch.Launcher", sizeof(Launcher), 0,
+                                    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, launcher_slots};
+
+/* record_of(plan, args, stream, device): the record fast_launch would launch on `device`, with
+ * ints standing for tensors' data pointers and the kernelParams entries written as offsets from
+ * the record's start; None where fast_launch would decline. For the tests, which compare it with
+ * the record kernel.py's general path packs. */
+static PyObject* record_of(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "record_of(plan, args, stream, device)");
+    return NULL;
+  }
+  const long device = PyLong_AsLong(args[3]);
+  if (device == -1 && PyErr_Occurred()) return NULL;
+  _Alignas(16) char record[kRecordCapacity];
+  Py_ssize_t size = 0;
+  const int status = build_record(args[0], args[1], args[2], 1, device, record, &size);
+  if (status == kFailed) return NULL;
+  if (status == kDeclined) Py_RETURN_NONE;
+  uint32_t params_offset;
+  memcpy(&params_offset, record + kParamsOffsetAt, 4);
+  for (Py_ssize_t i = 0, n = PyTuple_Size(args[1]); i < n; ++i) {
+    uintptr_t address;
+    memcpy(&address, record + params_offset + 8 * i, 8);
+    const uint64_t offset = address - (uintptr_t)record;
+    memcpy(record + params_offset + 8 * i, &offset, 8);
+  }
+  return PyBytes_FromStringAndSize(record, size);
 }
 
 static PyMethodDef methods[] = {
     {"set_entry", set_entry, METH_O, "Set the address of driver.cpp's LaunchEntry."},
     {"launch", launch, METH_O, "Launch the record at this address (driver.cpp's LaunchRecord)."},
+    {"fast_launch", (PyCFunction)(void (*)(void))fast_launch, METH_FASTCALL,
+     "fast_launch(plan, args, stream) -> True if launched, False if declined (nothing launched)."},
+    {"record_of", (PyCFunction)(void (*)(void))record_of, METH_FASTCALL,
+     "record_of(plan, args, stream, device): fast_launch's record, pointers given as ints."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_launch", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_launch", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__launch(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__launch(void) {
+  PyObject** names[] = {&s_is_cuda, &s_dtype, &s_get_device, &s_data_ptr, &s_device_index, &s_cuda_stream,
+                        &s_call_general};
+  const char* spellings[] = {"is_cuda", "dtype", "get_device", "data_ptr", "device_index", "cuda_stream",
+                             "_call_general"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
+    if (*names[i] == NULL && (*names[i] = PyUnicode_InternFromString(spellings[i])) == NULL) return NULL;
+  }
+  PyObject* result = PyModule_Create(&module);
+  if (result == NULL) return NULL;
+  PyObject* launcher = PyType_FromSpec(&launcher_spec);
+  if (launcher == NULL || PyModule_AddObject(result, "Launcher", launcher) != 0) {
+    Py_XDECREF(launcher);
+    Py_DECREF(result);
+    return NULL;
+  }
+  return result;
+}

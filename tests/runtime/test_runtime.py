@@ -294,15 +294,16 @@ def test_pointer_errors(cache):
         compile_kernel(ADD, "vector_add", grid=(3,), cluster=(2,), arch=ARCH, cache_dir=cache)
 
 
-def test_generated_launcher_falls_back(cache, monkeypatch):
-    """The generated __call__ (its fast path needs torch's CUDA stream query, so it is forced
-    here) hands anything off its fast path to the general path, which names the problem."""
+def test_fast_path_falls_back(cache, monkeypatch):
+    """The fast path (the extension's fast_launch; torch's CUDA stream query is forced here)
+    declines anything off it, and the general path names the problem."""
     from mllm_kernel.runtime import kernel as kernel_module
 
     monkeypatch.setattr(kernel_module, "_get_raw_stream", lambda device: 0)
     for source, name in ((ADD, "vector_add"), (SCALARS, "scalars")):
         kernel = compile_kernel(source, name, block=32, arch=ARCH, cache_dir=cache)
-        assert type(kernel).__call__ is not kernel_module.CompiledKernel.__call__
+        if os.environ.get("MLLM_KERNEL_EXPECT_FATBIN") == "1":
+            assert kernel._plan is not None
         with pytest.raises(KernelArgumentError, match=r"must be a CUDA tensor.*on cpu"):
             kernel(torch.ones(8), *([1] * (len(kernel.params) - 1)))
         with pytest.raises(KernelArgumentError, match=f"takes {len(kernel.params)} arguments"):
@@ -327,6 +328,63 @@ def test_launch_extension(cache):
         kernel = compile_kernel(ADD, "vector_add", block=32, arch=ARCH, cache_dir=cache)
         with pytest.raises(RuntimeError, match="libcuda.so.1"):
             driver.launch_function()(kernel._record().address)
+
+
+def _fast_record(kernel, args, context=0x1111_2222_3333, function=0x4444_5555_6666, stream=2**64 - 8):
+    """The record _launch.fast_launch would launch (ints standing for tensors' data pointers),
+    or None where it declines."""
+    from mllm_kernel.runtime import _launch
+
+    plan = list(kernel._plan)
+    plan[1] = [kernel._value_spec(context, function)]  # loaded on device 0
+    plan[4] = lambda device: stream  # torch's current stream
+    return _launch.record_of(tuple(plan), tuple(args), None, 0)
+
+
+def _packed_record(kernel, args, context=0x1111_2222_3333, function=0x4444_5555_6666, stream=2**64 - 8):
+    """The record the general path packs with struct for the same launch (kernelParams as offsets)."""
+    from mllm_kernel.runtime import kernel as kernel_module
+
+    values = [kernel_module._bf16_bits(v) if kind == kernel_module._BF16 else v for v, kind in zip(args, kernel._kinds)]
+    record = kernel_module._Record(kernel._layout, kernel._offsets, kernel._default_head())
+    head = (*kernel.grid, *kernel.block, kernel.dynamic_shared_mem_bytes, *kernel.cluster)
+    kernel._packer.pack_into(record.buffer, 0, *head, record.params_offset, 0, context, function, stream, *values)
+    struct.pack_into(f"={len(kernel._offsets)}Q", record.buffer, record.params_offset, *kernel._offsets)
+    return bytes(record.buffer)
+
+
+def test_fast_launch_builds_the_packed_record(cache, monkeypatch):
+    """The common launch goes through _launch.fast_launch, which checks the arguments and builds
+    the launch record in C. Its record must be the general path's, byte for byte, for every
+    scalar type (integer extremes, bool, float, double, half and bfloat16 with their rounding),
+    and it must decline (launching nothing) what the general path converts or rejects."""
+    if os.environ.get("MLLM_KERNEL_EXPECT_FATBIN") != "1":
+        pytest.skip("the extension is a Bazel build output")
+    from mllm_kernel.runtime import _launch
+    from mllm_kernel.runtime import kernel as kernel_module
+
+    monkeypatch.setattr(kernel_module, "_get_raw_stream", lambda device: 0)  # a CPU-only torch has none
+    kernel, out = compile_kernel(SCALARS, "scalars", block=32, arch=ARCH, cache_dir=cache), 0xDEAD_BEEF_0000
+    assert kernel._plan is not None
+    assert _fast_record(kernel, [out, *SCALAR_VALUES]) == _packed_record(kernel, [out, *SCALAR_VALUES])
+    # half and bfloat16: ties, subnormals, the largest values, signed zero
+    for value in (0.1, -1 / 3, 2049.0, 2051.0, 1e-7, 2.0**-24, 1.5 * 2.0**-24, 6.1e-5, 65504.0, -0.0, 1.00048828125,
+                  1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 3.3895313892515355e38, 1e-40):  # fmt: skip
+        args = [out, *SCALAR_VALUES]
+        args[13] = value
+        if abs(value) <= 65504.0:
+            args[12] = value
+        assert _fast_record(kernel, args) == _packed_record(kernel, args), value
+    for index, declined in ((1, 128), (2, -1), (8, -1), (8, 2**64), (5, True), (5, 2.0), (9, 1), (10, float("nan")),
+                            (12, 65520.0), (13, float("inf")), (11, 1), (5, np.int32(1)), (9, 1e39)):  # fmt: skip
+        args = [out, *SCALAR_VALUES]
+        args[index] = declined
+        assert _fast_record(kernel, args) is None, (index, declined)
+    assert _fast_record(kernel, [out, *SCALAR_VALUES[:-1]]) is None  # one argument short
+    assert _fast_record(kernel, [np.empty(13), *SCALAR_VALUES]) is None  # a NumPy array is copied: general path
+    assert _fast_record(kernel, [torch.empty(13, dtype=torch.float64), *SCALAR_VALUES]) is None  # a CPU tensor
+    with pytest.raises(TypeError, match="expected"):
+        _launch.record_of(None, (), None, 0)
 
 
 # ----------------------------------------------------------------------------- the shipped cubins
