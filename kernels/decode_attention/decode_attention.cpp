@@ -14,8 +14,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #undef HWY_TARGET_INCLUDE
@@ -24,6 +22,7 @@
 #include <hwy/highway.h>
 
 #include "decode_attention-inl.h"
+#include "mllm_kernel/cpu/parallel.hpp"
 
 #if HWY_ONCE
 namespace mllm_kernel::cpu {
@@ -98,22 +97,11 @@ inline void decode_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse,
     HWY_EXPORT_T(Table, decode_attention_detail::AttendItems<Types>);
     std::atomic<int64_t> next{0};
     // Validation is done, so nothing below throws inside a worker.
-    auto work = [&](float* own) {
+    RunWorkers(workers, [&](int64_t worker) {
       HWY_DYNAMIC_DISPATCH_T(Table)(data_ptr<T>(out), data_ptr<float>(lse), data_ptr<const T>(q),
                                     data_ptr<const KV>(k_cache), data_ptr<const KV>(v_cache), table, lens, a,
-                                    kv_per_item, &next, own);
-    };
-    std::vector<std::thread> pool;
-    pool.reserve(static_cast<size_t>(workers - 1));
-    for (int64_t w = 1; w < workers; ++w) {
-      try {
-        pool.emplace_back(work, scratch.data() + per_worker * static_cast<size_t>(w));
-      } catch (const std::system_error&) {
-        break;  // no more threads to be had: the shared counter lets fewer workers finish
-      }
-    }
-    work(scratch.data());
-    for (auto& thread : pool) thread.join();
+                                    kv_per_item, &next, scratch.data() + per_worker * static_cast<size_t>(worker));
+    });
   };
   host::DispatchFloat<kDLCPU>(a.dtype, [&]<typename T>() {
     if (a.fp8()) {

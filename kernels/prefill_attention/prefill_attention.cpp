@@ -14,8 +14,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #undef HWY_TARGET_INCLUDE
@@ -24,6 +22,7 @@
 #include <hwy/highway.h>
 
 #include "prefill_attention-inl.h"
+#include "mllm_kernel/cpu/parallel.hpp"
 
 #if HWY_ONCE
 namespace mllm_kernel::cpu {
@@ -60,20 +59,10 @@ void Run(const Problem& pr, T* out, float* lse, const T* q, const T* k, const T*
   HWY_EXPORT_T(Table, prefill_attention_detail::AttendItems<T>);
   std::atomic<int64_t> next{0};
   // Validation is done, so nothing below throws inside a worker.
-  auto work = [&](float* own) {
-    HWY_DYNAMIC_DISPATCH_T(Table)(out, lse, q, k, v, pr, blocks.data(), num_items, &next, own);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(workers - 1));
-  for (int64_t w = 1; w < workers; ++w) {
-    try {
-      pool.emplace_back(work, scratch.data() + per_worker * static_cast<size_t>(w));
-    } catch (const std::system_error&) {
-      break;  // no more threads to be had: the shared counter lets fewer workers finish
-    }
-  }
-  work(scratch.data());
-  for (auto& thread : pool) thread.join();
+  RunWorkers(workers, [&](int64_t worker) {
+    HWY_DYNAMIC_DISPATCH_T(Table)(out, lse, q, k, v, pr, blocks.data(), num_items, &next,
+                                  scratch.data() + per_worker * static_cast<size_t>(worker));
+  });
 }
 
 }  // namespace prefill_attention_detail

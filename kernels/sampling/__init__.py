@@ -13,6 +13,9 @@
   probabilities that top-k / top-p (the rules above, top-p relative to the row's total mass)
   keep, divided by their sum, and 0 elsewhere; a row that keeps no mass comes back as zeros.
 
+num_threads (CPU; CUDA ignores it): rows run on that many threads, spawned per call; results
+do not depend on it.
+
 The uniforms are drawn here with torch (one float32 per row, from `generator` when given) and
 the kernel picks the first token, in index order, whose running kept weight exceeds u * total.
 So a seeded generator makes sampling deterministic, and CPU and CUDA agree for the same
@@ -61,78 +64,93 @@ def _empty_tokens(x: torch.Tensor) -> torch.Tensor:
 # The bodies allocate inline rather than through _empty_tokens: one Python frame less per call.
 
 
+# The CPU modules take a thread count last; the CUDA ones do not.
+
+
 @custom_op("greedy_sample")
-def _greedy_op(logits: torch.Tensor) -> torch.Tensor:
+def _greedy_op(logits: torch.Tensor, num_threads: int) -> torch.Tensor:
     if logits.dim() != 2:
         raise ValueError(f"greedy_sample: logits must be 2-D [batch, vocab], got shape {tuple(logits.shape)}")
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    _modules[logits.device.type].greedy_sample(out, logits)
+    if logits.device.type == "cpu":
+        _modules["cpu"].greedy_sample(out, logits, num_threads)
+    else:
+        _modules[logits.device.type].greedy_sample(out, logits)
     return out
 
 
 @_greedy_op.register_fake
-def _(logits: torch.Tensor) -> torch.Tensor:
+def _(logits: torch.Tensor, num_threads: int) -> torch.Tensor:
     return _empty_tokens(logits)
 
 
 @custom_op("top_k_top_p_sample")
 def _top_k_top_p_op(
-    logits: torch.Tensor, uniforms: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    logits: torch.Tensor, uniforms: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, num_threads: int
 ) -> torch.Tensor:
     if logits.dim() != 2:
         raise ValueError(f"top_k_top_p_sample: logits must be 2-D [batch, vocab], got shape {tuple(logits.shape)}")
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    _modules[logits.device.type].top_k_top_p_sample(out, logits, uniforms, top_k, top_p)
+    if logits.device.type == "cpu":
+        _modules["cpu"].top_k_top_p_sample(out, logits, uniforms, top_k, top_p, num_threads)
+    else:
+        _modules[logits.device.type].top_k_top_p_sample(out, logits, uniforms, top_k, top_p)
     return out
 
 
 @_top_k_top_p_op.register_fake
-def _(logits, uniforms, top_k, top_p):
+def _(logits, uniforms, top_k, top_p, num_threads):
     return _empty_tokens(logits)
 
 
 @custom_op("min_p_sample")
-def _min_p_op(probs: torch.Tensor, uniforms: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+def _min_p_op(probs: torch.Tensor, uniforms: torch.Tensor, min_p: torch.Tensor, num_threads: int) -> torch.Tensor:
     if probs.dim() != 2:
         raise ValueError(f"min_p_sample: probs must be 2-D [batch, vocab], got shape {tuple(probs.shape)}")
     out = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
-    _modules[probs.device.type].min_p_sample(out, probs, uniforms, min_p)
+    if probs.device.type == "cpu":
+        _modules["cpu"].min_p_sample(out, probs, uniforms, min_p, num_threads)
+    else:
+        _modules[probs.device.type].min_p_sample(out, probs, uniforms, min_p)
     return out
 
 
 @_min_p_op.register_fake
-def _(probs, uniforms, min_p):
+def _(probs, uniforms, min_p, num_threads):
     return _empty_tokens(probs)
 
 
-def _filtered(op: str, scores: str, x: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+def _filtered(op: str, scores: str, x: torch.Tensor, param: torch.Tensor, num_threads: int) -> torch.Tensor:
     """A filter's body: a new [batch, vocab] tensor from x and its per-row parameter."""
     _check_2d(op, scores, x)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    getattr(_modules[x.device.type], op)(out, x, param)
+    if x.device.type == "cpu":
+        getattr(_modules["cpu"], op)(out, x, param, num_threads)
+    else:
+        getattr(_modules[x.device.type], op)(out, x, param)
     return out
 
 
 # Separate functions: the custom op names arguments in its messages by these parameter names.
 @custom_op("top_k_mask_logits")
-def _top_k_mask_op(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    return _filtered("top_k_mask_logits", "logits", logits, top_k)
+def _top_k_mask_op(logits: torch.Tensor, top_k: torch.Tensor, num_threads: int) -> torch.Tensor:
+    return _filtered("top_k_mask_logits", "logits", logits, top_k, num_threads)
 
 
 @custom_op("top_k_renorm_probs")
-def _top_k_renorm_op(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    return _filtered("top_k_renorm_probs", "probs", probs, top_k)
+def _top_k_renorm_op(probs: torch.Tensor, top_k: torch.Tensor, num_threads: int) -> torch.Tensor:
+    return _filtered("top_k_renorm_probs", "probs", probs, top_k, num_threads)
 
 
 @custom_op("top_p_renorm_probs")
-def _top_p_renorm_op(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    return _filtered("top_p_renorm_probs", "probs", probs, top_p)
+def _top_p_renorm_op(probs: torch.Tensor, top_p: torch.Tensor, num_threads: int) -> torch.Tensor:
+    return _filtered("top_p_renorm_probs", "probs", probs, top_p, num_threads)
 
 
 @_top_k_mask_op.register_fake
 @_top_k_renorm_op.register_fake
 @_top_p_renorm_op.register_fake
-def _(x, param):
+def _(x, param, num_threads):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -203,64 +221,79 @@ def _uniforms(op: str, name: str, x: torch.Tensor, generator) -> torch.Tensor:
     return torch.rand(batch, generator=generator, device=x.device, dtype=torch.float32)
 
 
+def _threads(op: str, num_threads) -> int:
+    """num_threads that is not an int: a TypeError naming it (the C++ side checks >= 1)."""
+    raise TypeError(f"{op}: num_threads must be an int >= 1, got {type(num_threads).__name__} {num_threads!r}")
+
+
 # ----------------------------------------------------------------------------- public API
 # With per-row tensors (an engine's decode step), greedy_sample and the *_from_uniforms functions
 # reach the module in three Python frames; scalar parameters and drawing the uniforms add one each.
 
 
-def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+def greedy_sample(logits: torch.Tensor, *, num_threads: int = 1) -> torch.Tensor:
     """argmax of each row of logits [batch, vocab] -> int64 [batch]."""
-    return _greedy_op(logits)
+    return _greedy_op(logits, num_threads if type(num_threads) is int else _threads("greedy_sample", num_threads))
 
 
-def top_k_top_p_sample_from_uniforms(logits: torch.Tensor, uniforms: torch.Tensor, top_k, top_p) -> torch.Tensor:
+def top_k_top_p_sample_from_uniforms(logits: torch.Tensor, uniforms: torch.Tensor, top_k, top_p, *,
+                                     num_threads: int = 1) -> torch.Tensor:  # fmt: skip
     """top_k_top_p_sample with the float32 [batch] uniforms in [0, 1) given."""
     if type(top_k) is not torch.Tensor or type(top_p) is not torch.Tensor:
         top_k, top_p = _top_k_top_p_params(logits, top_k, top_p)
-    return _top_k_top_p_op(logits, uniforms, top_k, top_p)
+    if type(num_threads) is not int:
+        _threads("top_k_top_p_sample", num_threads)
+    return _top_k_top_p_op(logits, uniforms, top_k, top_p, num_threads)
 
 
-def top_k_top_p_sample(logits: torch.Tensor, top_k, top_p, generator=None) -> torch.Tensor:
+def top_k_top_p_sample(logits: torch.Tensor, top_k, top_p, generator=None, *, num_threads: int = 1) -> torch.Tensor:
     """Sample one token per row of logits [batch, vocab] from softmax(logits) restricted by
     top-k (int or int64 [batch]; <= 0 disables) then top-p (float or float32 [batch] in (0, 1];
     1 disables). Returns int64 [batch]."""
     uniforms = _uniforms("top_k_top_p_sample", "logits", logits, generator)
-    return top_k_top_p_sample_from_uniforms(logits, uniforms, top_k, top_p)
+    return top_k_top_p_sample_from_uniforms(logits, uniforms, top_k, top_p, num_threads=num_threads)
 
 
-def min_p_sample_from_uniforms(probs: torch.Tensor, uniforms: torch.Tensor, min_p) -> torch.Tensor:
+def min_p_sample_from_uniforms(probs: torch.Tensor, uniforms: torch.Tensor, min_p, *,
+                               num_threads: int = 1) -> torch.Tensor:  # fmt: skip
     """min_p_sample with the float32 [batch] uniforms in [0, 1) given."""
     if type(min_p) is not torch.Tensor:
         min_p = _min_p_param(probs, min_p)
-    return _min_p_op(probs, uniforms, min_p)
+    if type(num_threads) is not int:
+        _threads("min_p_sample", num_threads)
+    return _min_p_op(probs, uniforms, min_p, num_threads)
 
 
-def min_p_sample(probs: torch.Tensor, min_p, generator=None) -> torch.Tensor:
+def min_p_sample(probs: torch.Tensor, min_p, generator=None, *, num_threads: int = 1) -> torch.Tensor:
     """Sample one token per row of probs [batch, vocab] (already normalized) among the tokens
     with p >= min_p * max(p) (min_p: float or float32 [batch] in [0, 1]). Returns int64 [batch]."""
     uniforms = _uniforms("min_p_sample", "probs", probs, generator)
-    return min_p_sample_from_uniforms(probs, uniforms, min_p)
+    return min_p_sample_from_uniforms(probs, uniforms, min_p, num_threads=num_threads)
 
 
-def top_k_mask_logits(logits: torch.Tensor, top_k) -> torch.Tensor:
+def top_k_mask_logits(logits: torch.Tensor, top_k, *, num_threads: int = 1) -> torch.Tensor:
     """logits [batch, vocab] with every logit below its row's k-th largest set to -inf (ties
     kept); top_k: int or int64 [batch], <= 0 or >= vocab keeps the row. Returns a new tensor."""
     if type(top_k) is not torch.Tensor:
         batch = _check_rows(logits, "top_k_mask_logits", "logits")
         top_k = _per_row(_scalar_top_k(top_k, "top_k_mask_logits"), batch, logits.device, torch.int64)
-    return _top_k_mask_op(logits, top_k)
+    if type(num_threads) is not int:
+        _threads("top_k_mask_logits", num_threads)
+    return _top_k_mask_op(logits, top_k, num_threads)
 
 
-def top_k_renorm_probs(probs: torch.Tensor, top_k) -> torch.Tensor:
+def top_k_renorm_probs(probs: torch.Tensor, top_k, *, num_threads: int = 1) -> torch.Tensor:
     """probs [batch, vocab] kept by top-k (ties kept), divided by their sum, 0 elsewhere; top_k:
     int or int64 [batch], <= 0 or >= vocab keeps the row. Returns a new tensor."""
     if type(top_k) is not torch.Tensor:
         batch = _check_rows(probs, "top_k_renorm_probs", "probs")
         top_k = _per_row(_scalar_top_k(top_k, "top_k_renorm_probs"), batch, probs.device, torch.int64)
-    return _top_k_renorm_op(probs, top_k)
+    if type(num_threads) is not int:
+        _threads("top_k_renorm_probs", num_threads)
+    return _top_k_renorm_op(probs, top_k, num_threads)
 
 
-def top_p_renorm_probs(probs: torch.Tensor, top_p) -> torch.Tensor:
+def top_p_renorm_probs(probs: torch.Tensor, top_p, *, num_threads: int = 1) -> torch.Tensor:
     """probs [batch, vocab] of the smallest descending prefix whose mass is >= top_p of the row's
     mass (ties kept), divided by their sum, 0 elsewhere; top_p: float or float32 [batch] in
     (0, 1]. Returns a new tensor."""
@@ -268,4 +301,6 @@ def top_p_renorm_probs(probs: torch.Tensor, top_p) -> torch.Tensor:
         batch = _check_rows(probs, "top_p_renorm_probs", "probs")
         top_p = _scalar_in_range(top_p, "top_p_renorm_probs", "top_p", 0.0, low_inclusive=False)
         top_p = _per_row(max(top_p, _MIN_TOP_P), batch, probs.device, torch.float32)
-    return _top_p_renorm_op(probs, top_p)
+    if type(num_threads) is not int:
+        _threads("top_p_renorm_probs", num_threads)
+    return _top_p_renorm_op(probs, top_p, num_threads)

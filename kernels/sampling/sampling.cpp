@@ -34,6 +34,7 @@
 #include <hwy/highway.h>
 
 #include "sampling-inl.h"
+#include "mllm_kernel/cpu/parallel.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -146,18 +147,51 @@ T FromFloat(float v) {
   else return hwy::BF16FromF32(v);
 }
 
-// Runs fn(row index, row as float, output row) over the rows of a filter op.
+// Workers for a row op: a thread costs tens of microseconds to start, so each gets at least
+// `min_elements` of the rows' elements (and whole rows).
+inline int64_t RowWorkers(const char* op, int64_t num_threads, const sampling::SampleArgs& rows,
+                          int64_t min_elements) {
+  const int64_t worth = (rows.batch * rows.vocab + min_elements - 1) / min_elements;
+  return WorkerCount(op, num_threads, std::min(rows.batch, worth));
+}
+constexpr int64_t kMinElementsPerWorker = int64_t{1} << 14;  // the selection and sampling ops
+constexpr int64_t kMinArgMaxElementsPerWorker = int64_t{1} << 18;  // argmax: a fast streaming pass
+
+// Per-worker buffers of a row op, made before the workers start (nothing allocates inside them).
+struct RowScratch {
+  std::vector<float> x, selection;  // the row as float; the top-k / top-p selection's candidates
+  std::vector<double> weights;
+  RowScratch(int64_t vocab, bool with_weights)
+      : x(static_cast<size_t>(vocab)), weights(with_weights ? static_cast<size_t>(vocab) : 0) {
+    selection.reserve(static_cast<size_t>(vocab));
+  }
+};
+
+// Runs fn(row, scratch) over the rows on `workers` workers (rows are independent, so results do
+// not depend on the thread count).
 template <typename Fn>
-void ForEachFilteredRow(const sampling::SampleArgs& rows, tvm::ffi::TensorView out, tvm::ffi::TensorView in, Fn&& fn) {
-  std::vector<float> x(rows.vocab);
+void ForEachRow(int64_t batch, int64_t vocab, int64_t workers, bool with_weights, Fn&& fn) {
+  std::vector<RowScratch> scratch;
+  scratch.reserve(static_cast<size_t>(workers));
+  for (int64_t w = 0; w < workers; ++w) scratch.emplace_back(vocab, with_weights);
+  ParallelFor(batch, workers, 1, [&](int64_t worker, int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) fn(b, scratch[static_cast<size_t>(worker)]);
+  });
+}
+
+// Runs fn(row index, row as float, selection scratch, write) over the rows of a filter op.
+template <typename Fn>
+void ForEachFilteredRow(const char* op, const sampling::SampleArgs& rows, tvm::ffi::TensorView out,
+                        tvm::ffi::TensorView in, int64_t num_threads, Fn&& fn) {
+  const int64_t workers = RowWorkers(op, num_threads, rows, kMinElementsPerWorker);
   host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
     const T* base = host::data_ptr<const T>(in);
     T* dst = host::data_ptr<T>(out);
-    for (int64_t b = 0; b < rows.batch; ++b) {
+    ForEachRow(rows.batch, rows.vocab, workers, false, [&](int64_t b, RowScratch& own) {
       const T* row = base + b * rows.stride;
-      for (int64_t i = 0; i < rows.vocab; ++i) x[i] = ToFloat(row[i]);
-      fn(b, x, [&](int64_t i, float v) { dst[b * rows.vocab + i] = FromFloat<T>(v); });
-    }
+      for (int64_t i = 0; i < rows.vocab; ++i) own.x[i] = ToFloat(row[i]);
+      fn(b, own.x, own.selection, [&](int64_t i, float v) { dst[b * rows.vocab + i] = FromFloat<T>(v); });
+    });
   });
 }
 
@@ -170,13 +204,17 @@ inline void CheckUniform(const char* op, float u, int64_t row) {
 
 /*! \brief out[b] = argmax(logits[b]) (first index on ties; a NaN wins, like torch.argmax);
  *  Highway, dynamic dispatch (sampling-inl.h). */
-inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits) {
+inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits, int64_t num_threads) {
   using host::data_ptr;
   const auto rows = mllm_kernel::sampling::VerifyGreedySample<kDLCPU>(out, logits);
+  const int64_t workers =
+      sampling_detail::RowWorkers("greedy_sample", num_threads, rows, sampling_detail::kMinArgMaxElementsPerWorker);
   host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
     HWY_EXPORT_T(Table, sampling_detail::ArgMaxRows<T>);
-    HWY_DYNAMIC_DISPATCH_T(Table)(data_ptr<int64_t>(out), data_ptr<const T>(logits), rows.batch, rows.vocab,
-                                  rows.stride);
+    ParallelFor(rows.batch, workers, 1, [&](int64_t, int64_t begin, int64_t end) {
+      HWY_DYNAMIC_DISPATCH_T(Table)(data_ptr<int64_t>(out) + begin, data_ptr<const T>(logits) + begin * rows.stride,
+                                    end - begin, rows.vocab, rows.stride);
+    });
   });
 }
 
@@ -187,7 +225,7 @@ inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits)
  */
 inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits,
                                tvm::ffi::TensorView uniforms, tvm::ffi::TensorView top_k,
-                               tvm::ffi::TensorView top_p) {
+                               tvm::ffi::TensorView top_p, int64_t num_threads) {
   using namespace sampling_detail;  // NOLINT(*)
   using host::data_ptr;
   constexpr const char* kOp = "top_k_top_p_sample";
@@ -203,11 +241,13 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
     CheckUniform(kOp, u[b], b);
   }
   const int64_t n = rows.vocab;
-  std::vector<float> x(n), scratch;  // scratch: the top-k selection's copy
-  std::vector<double> w(n);
+  const int64_t workers = RowWorkers(kOp, num_threads, rows, kMinElementsPerWorker);
   host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
     const T* base = data_ptr<const T>(logits);
-    for (int64_t b = 0; b < rows.batch; ++b) {
+    ForEachRow(rows.batch, n, workers, true, [&](int64_t b, RowScratch& own) {
+      std::vector<float>& x = own.x;
+      std::vector<float>& scratch = own.selection;  // the top-k selection's copy, then the survivors
+      std::vector<double>& w = own.weights;
       const T* row = base + b * rows.stride;
       for (int64_t i = 0; i < n; ++i) x[i] = ToFloat(row[i]);
       const float row_max = *std::max_element(x.begin(), x.end());
@@ -228,7 +268,7 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
         w[i] = x[i] >= threshold ? std::exp(static_cast<double>(x[i]) - row_max) : 0.0;
       }
       dst[b] = SampleIndex(w, u[b]);
-    }
+    });
   });
 }
 
@@ -237,7 +277,7 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
  * \param min_p float32 [batch] in [0, 1]. \param uniforms float32 [batch] in [0, 1).
  */
 inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
-                         tvm::ffi::TensorView uniforms, tvm::ffi::TensorView min_p) {
+                         tvm::ffi::TensorView uniforms, tvm::ffi::TensorView min_p, int64_t num_threads) {
   using namespace sampling_detail;  // NOLINT(*)
   using host::data_ptr;
   constexpr const char* kOp = "min_p_sample";
@@ -251,10 +291,11 @@ inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
     CheckUniform(kOp, u[b], b);
   }
   const int64_t n = rows.vocab;
-  std::vector<double> w(n);
+  const int64_t workers = RowWorkers(kOp, num_threads, rows, kMinElementsPerWorker);
   host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
     const T* base = data_ptr<const T>(probs);
-    for (int64_t b = 0; b < rows.batch; ++b) {
+    ForEachRow(rows.batch, n, workers, true, [&](int64_t b, RowScratch& own) {
+      std::vector<double>& w = own.weights;
       const T* row = base + b * rows.stride;
       float max_p = ToFloat(row[0]);
       for (int64_t i = 1; i < n; ++i) max_p = std::max(max_p, ToFloat(row[i]));
@@ -264,18 +305,20 @@ inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
         w[i] = p >= threshold ? static_cast<double>(p) : 0.0;
       }
       dst[b] = SampleIndex(w, u[b]);
-    }
+    });
   });
 }
 
 /*! \brief out = logits, with logits below the row's k-th largest set to -inf (ties kept);
  *  top_k int64 [batch]: <= 0 or >= vocab keeps the row. */
-inline void top_k_mask_logits(tvm::ffi::TensorView out, tvm::ffi::TensorView logits, tvm::ffi::TensorView top_k) {
+inline void top_k_mask_logits(tvm::ffi::TensorView out, tvm::ffi::TensorView logits, tvm::ffi::TensorView top_k,
+                              int64_t num_threads) {
   using namespace sampling_detail;  // NOLINT(*)
-  const auto rows = sampling::VerifyFilter<kDLCPU, int64_t>("top_k_mask_logits", "logits", "top_k", out, logits, top_k);
+  constexpr const char* kOp = "top_k_mask_logits";
+  const auto rows = sampling::VerifyFilter<kDLCPU, int64_t>(kOp, "logits", "top_k", out, logits, top_k);
   const int64_t* ks = host::data_ptr<const int64_t>(top_k);
-  std::vector<float> scratch;
-  ForEachFilteredRow(rows, out, logits, [&](int64_t b, const std::vector<float>& x, auto&& write) {
+  ForEachFilteredRow(kOp, rows, out, logits, num_threads, [&](int64_t b, const std::vector<float>& x,
+                                                              std::vector<float>& scratch, auto&& write) {
     const float kth = TopKThreshold(x, ks[b], scratch);
     for (int64_t i = 0; i < rows.vocab; ++i) write(i, x[i] >= kth ? x[i] : -std::numeric_limits<float>::infinity());
   });
@@ -283,12 +326,14 @@ inline void top_k_mask_logits(tvm::ffi::TensorView out, tvm::ffi::TensorView log
 
 /*! \brief out = probs kept by top-k (ties kept) divided by their sum, the others 0; a row that
  *  keeps no mass is written as zeros. */
-inline void top_k_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView probs, tvm::ffi::TensorView top_k) {
+inline void top_k_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView probs, tvm::ffi::TensorView top_k,
+                               int64_t num_threads) {
   using namespace sampling_detail;  // NOLINT(*)
-  const auto rows = sampling::VerifyFilter<kDLCPU, int64_t>("top_k_renorm_probs", "probs", "top_k", out, probs, top_k);
+  constexpr const char* kOp = "top_k_renorm_probs";
+  const auto rows = sampling::VerifyFilter<kDLCPU, int64_t>(kOp, "probs", "top_k", out, probs, top_k);
   const int64_t* ks = host::data_ptr<const int64_t>(top_k);
-  std::vector<float> scratch;
-  ForEachFilteredRow(rows, out, probs, [&](int64_t b, const std::vector<float>& x, auto&& write) {
+  ForEachFilteredRow(kOp, rows, out, probs, num_threads, [&](int64_t b, const std::vector<float>& x,
+                                                             std::vector<float>& scratch, auto&& write) {
     const float kth = TopKThreshold(x, ks[b], scratch);
     double kept = 0.0;
     for (const float p : x) kept += p >= kth ? static_cast<double>(p) : 0.0;
@@ -299,7 +344,8 @@ inline void top_k_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView pr
 
 /*! \brief out = probs of the smallest descending prefix with mass >= top_p of the row's mass
  *  (ties kept) divided by their sum, the others 0. top_p float32 [batch] in (0, 1]. */
-inline void top_p_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView probs, tvm::ffi::TensorView top_p) {
+inline void top_p_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView probs, tvm::ffi::TensorView top_p,
+                               int64_t num_threads) {
   using namespace sampling_detail;  // NOLINT(*)
   constexpr const char* kOp = "top_p_renorm_probs";
   const auto rows = sampling::VerifyFilter<kDLCPU, float>(kOp, "probs", "top_p", out, probs, top_p);
@@ -307,7 +353,8 @@ inline void top_p_renorm_probs(tvm::ffi::TensorView out, tvm::ffi::TensorView pr
   for (int64_t b = 0; b < rows.batch; ++b) {
     host::ValueCheck(ps[b] > 0.0f && ps[b] <= 1.0f, kOp, ": top_p[", b, "] = ", ps[b], " is outside (0, 1]");
   }
-  ForEachFilteredRow(rows, out, probs, [&](int64_t b, const std::vector<float>& x, auto&& write) {
+  ForEachFilteredRow(kOp, rows, out, probs, num_threads, [&](int64_t b, const std::vector<float>& x,
+                                                             std::vector<float>&, auto&& write) {
     float threshold = -std::numeric_limits<float>::infinity();
     auto weight = [](float p) { return p > 0.0f ? static_cast<double>(p) : 0.0; };
     double total = 0.0;

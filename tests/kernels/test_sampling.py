@@ -152,7 +152,7 @@ def test_greedy_poisoned_out_and_strided_rows():
     wide = make_logits(6, 300, seed=1)
     view = wide[:, 5:290]
     out = torch.full((6,), -7, dtype=torch.int64)
-    _modules["cpu"].greedy_sample(out, view)
+    _modules["cpu"].greedy_sample(out, view, 3)
     assert torch.equal(out, torch.argmax(view, dim=-1))
 
 
@@ -356,7 +356,8 @@ FILTER_TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 def check_filter(op: str, device: str, x: torch.Tensor, params: torch.Tensor) -> None:
     """The op (through its module, into a NaN-poisoned out) against ref_filter, row by row."""
     out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=device)
-    getattr(_modules[device], op)(out, x.to(device), params.to(device))
+    threads = (2,) if device == "cpu" else ()  # the CPU modules take a thread count
+    getattr(_modules[device], op)(out, x.to(device), params.to(device), *threads)
     for b in range(x.shape[0]):
         want = ref_filter(op, x[b], params[b])
         torch.testing.assert_close(out[b].cpu().double(), want, rtol=FILTER_TOL[x.dtype], atol=1e-7,
@@ -580,3 +581,41 @@ def test_sampling_cuda_graph():
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-v"]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_thread_counts_give_the_same_results(dtype):
+    """num_threads splits the rows over threads: every op returns exactly what one thread does,
+    for more threads than rows too, on strided rows, into poisoned outputs."""
+    import mllm_kernel as mk
+
+    wide = make_logits(13, 21000, seed=7).to(dtype)
+    logits = wide[:, 3:20980]  # a row stride; enough elements for several workers, even for argmax
+    probs = torch.softmax(logits.float(), dim=-1).to(dtype)
+    uniforms = torch.rand(13, generator=torch.Generator().manual_seed(3))
+    top_k = torch.randint(0, 60, (13,), generator=torch.Generator().manual_seed(4))
+    top_p = torch.rand(13, generator=torch.Generator().manual_seed(5)) * 0.9 + 0.1
+    min_p = torch.rand(13, generator=torch.Generator().manual_seed(6)) * 0.3
+    calls = {
+        "greedy_sample": lambda n: mk.greedy_sample(logits, num_threads=n),
+        "top_k_top_p_sample": lambda n: mk.top_k_top_p_sample_from_uniforms(logits, uniforms, top_k, top_p,
+                                                                            num_threads=n),
+        "min_p_sample": lambda n: mk.min_p_sample_from_uniforms(probs, uniforms, min_p, num_threads=n),
+        "top_k_mask_logits": lambda n: mk.top_k_mask_logits(logits, top_k, num_threads=n),
+        "top_k_renorm_probs": lambda n: mk.top_k_renorm_probs(probs, top_k, num_threads=n),
+        "top_p_renorm_probs": lambda n: mk.top_p_renorm_probs(probs, top_p, num_threads=n),
+    }
+    for name, call in calls.items():
+        one = call(1)
+        for n in (2, 3, 64):
+            assert torch.equal(call(n), one), (name, n)
+    # the filters into a poisoned output through the module: every element written
+    out = torch.full(probs.shape, float("nan"), dtype=dtype)
+    _modules["cpu"].top_p_renorm_probs(out, probs, top_p, 4)
+    assert torch.equal(out, calls["top_p_renorm_probs"](1))
+    with pytest.raises(ValueError, match="greedy_sample: num_threads must be >= 1, got 0"):
+        mk.greedy_sample(logits, num_threads=0)
+    with pytest.raises(ValueError, match="top_p_renorm_probs: num_threads must be >= 1, got -2"):
+        mk.top_p_renorm_probs(probs, 0.5, num_threads=-2)
+    with pytest.raises(TypeError, match="min_p_sample: num_threads must be an int >= 1, got float 2.0"):
+        mk.min_p_sample(probs, 0.1, num_threads=2.0)
