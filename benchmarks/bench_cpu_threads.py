@@ -1,11 +1,11 @@
-"""CPU sampling ops with a thread count against torch with as many threads.
+"""CPU sampling and softmax ops with a thread count against torch with as many threads.
 
     python benchmarks/bench_cpu_threads.py [--threads 1 2] [--shape 8x128256] [--iters 15]
 
 For each thread count N: ours with num_threads=N against torch eager (the baselines of
-kernels/sampling/cases.py) after torch.set_num_threads(N). Median of --iters samples (warm-up
-excluded, each sample a loop of calls lasting >= 2 ms: bench_ops.py's CpuTimer). Ratios > 1:
-ours is faster.
+kernels/sampling/cases.py and kernels/softmax/cases.py) after torch.set_num_threads(N). Median
+of --iters samples (warm-up excluded, each sample a loop of calls lasting >= 2 ms: bench_ops.py's
+CpuTimer). Ratios > 1: ours is faster.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ def main() -> int:
                                           lambda: cases.eager_top_k_mask(logits, k)),
                     "top_p_renorm_probs": (lambda: mk.top_p_renorm_probs(probs, p, num_threads=n),
                                            lambda: cases.eager_top_p_renorm(probs, p)),
+                    # softmax's baselines as in kernels/softmax/cases.py
+                    "softmax": (lambda: mk.softmax(logits, 0.7, num_threads=n),
+                                lambda: torch.softmax(logits.float() / 0.7, dim=-1).to(dtype)),
+                    "log_softmax": (lambda: mk.log_softmax(logits, num_threads=n),
+                                    lambda: torch.log_softmax(logits.float(), dim=-1).to(dtype)),
                 }  # fmt: skip
                 for op, (ours, eager) in rows.items():
                     t_ours, _ = timer(ours)

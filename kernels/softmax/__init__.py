@@ -27,46 +27,58 @@ SPECS = op_specs(__file__, EXPORTS)
 _modules = DeviceModules(SPECS)
 
 
+# The CPU module takes a thread count last; the CUDA one does not. (Inline in each body: a
+# helper would be one Python frame more per call.)
 @custom_op("softmax")
-def _softmax(x: torch.Tensor, temperature: float) -> torch.Tensor:
+def _softmax(x: torch.Tensor, temperature: float, num_threads: int) -> torch.Tensor:
     if not (temperature > 0.0 and math.isfinite(temperature)):
         raise ValueError(f"softmax: temperature must be a positive finite number, got {temperature}")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    threads = (num_threads,) if x.device.type == "cpu" else ()
     if x.dim() == 2:
-        _modules[x.device.type].softmax(out, x, temperature)
+        _modules[x.device.type].softmax(out, x, temperature, *threads)
     else:
         x2 = rows_view("softmax", "x", x)
-        _modules[x.device.type].softmax(rows_view("softmax", "out", out), x2, temperature)
+        _modules[x.device.type].softmax(rows_view("softmax", "out", out), x2, temperature, *threads)
     return out
 
 
 @_softmax.register_fake
-def _(x: torch.Tensor, temperature: float) -> torch.Tensor:
+def _(x: torch.Tensor, temperature: float, num_threads: int) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @custom_op("log_softmax")
-def _log_softmax(x: torch.Tensor) -> torch.Tensor:
+def _log_softmax(x: torch.Tensor, num_threads: int) -> torch.Tensor:
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    threads = (num_threads,) if x.device.type == "cpu" else ()
     if x.dim() == 2:
-        _modules[x.device.type].log_softmax(out, x)
+        _modules[x.device.type].log_softmax(out, x, *threads)
     else:
         x2 = rows_view("log_softmax", "x", x)
-        _modules[x.device.type].log_softmax(rows_view("log_softmax", "out", out), x2)
+        _modules[x.device.type].log_softmax(rows_view("log_softmax", "out", out), x2, *threads)
     return out
 
 
 @_log_softmax.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
+def _(x: torch.Tensor, num_threads: int) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def _check_threads(op: str, num_threads) -> int:
+    if type(num_threads) is not int:
+        raise TypeError(f"{op}: num_threads must be an int >= 1, got {type(num_threads).__name__} {num_threads!r}")
+    return num_threads
+
+
+def softmax(x: torch.Tensor, temperature: float = 1.0, *, num_threads: int = 1) -> torch.Tensor:
     """softmax(x / temperature) over the last dim (numerically stable: the row max is
-    subtracted first). temperature must be > 0."""
-    return _softmax(x, temperature)
+    subtracted first). temperature must be > 0. num_threads (CPU; CUDA ignores it): rows over
+    that many threads, spawned per call; results do not depend on it."""
+    return _softmax(x, temperature, num_threads if type(num_threads) is int else _check_threads("softmax", num_threads))
 
 
-def log_softmax(x: torch.Tensor) -> torch.Tensor:
-    """log(softmax(x)) over the last dim, computed as (x - max) - log(sum(exp(x - max)))."""
-    return _log_softmax(x)
+def log_softmax(x: torch.Tensor, *, num_threads: int = 1) -> torch.Tensor:
+    """log(softmax(x)) over the last dim, computed as (x - max) - log(sum(exp(x - max)));
+    num_threads as for softmax."""
+    return _log_softmax(x, num_threads if type(num_threads) is int else _check_threads("log_softmax", num_threads))

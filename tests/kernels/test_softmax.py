@@ -61,10 +61,10 @@ def test_softmax_temperature_cpu(temperature, dtype):
 def test_softmax_writes_every_element_cpu(dtype):
     x = make_logits((3, 4099), dtype, seed=2)
     out = torch.full_like(x, float("nan"))
-    _modules["cpu"].softmax(out, x, 1.0)
+    _modules["cpu"].softmax(out, x, 1.0, 1)
     check(out, ref_softmax(x), dtype, TOL)
     out.fill_(float("nan"))
-    _modules["cpu"].log_softmax(out, x)
+    _modules["cpu"].log_softmax(out, x, 1)
     check(out, ref_log_softmax(x), dtype, LOG_TOL)
 
 
@@ -110,9 +110,9 @@ def test_softmax_bad_inputs_cpu():
         softmax(torch.randn(2, 8, device="meta"))
     # The C++ matcher, called directly: mismatched out.
     with pytest.raises(ValueError, match="vocab"):
-        _modules["cpu"].softmax(torch.empty(2, 7), torch.randn(2, 8), 1.0)
+        _modules["cpu"].softmax(torch.empty(2, 7), torch.randn(2, 8), 1.0, 1)
     with pytest.raises(TypeError, match="dtype"):
-        _modules["cpu"].softmax(torch.empty(2, 8, dtype=torch.float16), torch.randn(2, 8), 1.0)
+        _modules["cpu"].softmax(torch.empty(2, 8, dtype=torch.float16), torch.randn(2, 8), 1.0, 1)
 
 
 def test_softmax_torch_compile_cpu():
@@ -288,3 +288,25 @@ def test_softmax_bad_inputs_cuda():
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-v"]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_thread_counts_give_the_same_results(dtype):
+    """num_threads splits the rows over threads (at least 2^16 elements each): the same values
+    for any thread count, strided rows and 3-D inputs included, into poisoned outputs."""
+    x = make_logits((37, 9000), dtype, seed=9)[:, 5:8990]  # a row stride; several workers' worth
+    for fn, ref, tol in ((lambda t, n: softmax(t, 0.8, num_threads=n), lambda t: ref_softmax(t, 0.8), TOL),
+                         (lambda t, n: log_softmax(t, num_threads=n), ref_log_softmax, LOG_TOL)):  # fmt: skip
+        one = fn(x, 1)
+        check(one, ref(x), dtype, tol)
+        for n in (2, 3, 64):
+            assert torch.equal(fn(x, n), one), n
+        x3 = x[:36].reshape(4, 9, -1)
+        assert torch.equal(fn(x3, 3), fn(x3, 1))
+    out = torch.full((37, 8985), float("nan"), dtype=dtype)
+    _modules["cpu"].softmax(out, x, 1.0, 4)
+    check(out, ref_softmax(x), dtype, TOL)
+    with pytest.raises(ValueError, match="softmax: num_threads must be >= 1, got 0"):
+        softmax(x, num_threads=0)
+    with pytest.raises(TypeError, match="log_softmax: num_threads must be an int >= 1, got str"):
+        log_softmax(x, num_threads="2")
