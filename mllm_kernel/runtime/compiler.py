@@ -7,8 +7,8 @@ Built and published like the JIT's modules (jit_utils/cache.py: flock, private t
 atomic rename), so concurrent processes compile once and a killed compile leaves nothing behind.
 
 The key covers the source text (and every header it reaches through the include path), the
-options, the target archs and the compiler's identity (nvcc's path and --version, or NVRTC's
-library and version). Kernel names are not in it: one source's kernels share one cubin.
+options, the target archs and the compiler's identity (the sha256 of nvcc's file and its
+--version, or of NVRTC's library and its version; never their paths). Kernel names are not in it: one source's kernels share one cubin.
 """
 
 from __future__ import annotations

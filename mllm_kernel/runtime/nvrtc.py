@@ -8,8 +8,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import hashlib
 import os
 from collections.abc import Sequence
+
+from mllm_kernel.jit_utils import filememo
 
 ENV_NVRTC = "MLLM_KERNEL_NVRTC"  # path of a libnvrtc.so to use
 
@@ -80,10 +83,26 @@ def version() -> tuple[int, int]:
 
 
 def identity() -> str:
-    """What the cache key records of this compiler: its file and version."""
+    """What the cache key records of this compiler: its version and the sha256 of libnvrtc and
+    the builtins library beside it. Not their paths: the same wheel installed elsewhere (another
+    virtual environment, another machine) gives the same keys. Memoized across processes by the
+    library file's stat, as nvcc's identity is (jit_utils/filememo.py)."""
     _, path = library()
     major, minor = version()
-    return f"nvrtc {major}.{minor} {path}"
+    if not os.path.exists(path):  # loaded by bare name and the loader would not say from where
+        return f"nvrtc {major}.{minor} {path}"
+
+    def digest() -> str:
+        sha = hashlib.sha256()
+        folder = os.path.dirname(path)
+        builtins = sorted(p for p in glob.glob(os.path.join(folder, "libnvrtc-builtins.so.*")) if ".alt." not in p)
+        for name in [path, *builtins]:
+            with open(name, "rb") as file:
+                for chunk in iter(lambda: file.read(1 << 20), b""):
+                    sha.update(chunk)
+        return f"nvrtc {major}.{minor} sha256 {sha.hexdigest()}"
+
+    return filememo.compiler_identity(path, digest)
 
 
 def _check(lib: ctypes.CDLL, result: int, call: str) -> None:

@@ -6,8 +6,10 @@ References are computed in float64 with torch in the test; outputs are poisoned 
 
 from __future__ import annotations
 
+import glob
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -201,6 +203,32 @@ def test_nvrtc(cache, capfd):
         compiler.build_cubin(ADD, arch="sm_80 sm_90a", cache_dir=cache, compiler="nvrtc")
     with pytest.raises(RuntimeError, match="NVRTC: compiling"):
         compiler.build_cubin('extern "C" __global__ void k() { nope; }', arch=ARCH, cache_dir=cache, compiler="nvrtc")
+
+
+@needs_nvrtc
+def test_nvrtc_identity_is_its_content_not_its_path(tmp_path, monkeypatch):
+    """The same libnvrtc (and builtins) copied elsewhere keys the same cubins; another file does not."""
+    from mllm_kernel.runtime import nvrtc
+
+    _, original = nvrtc.library()
+    here = nvrtc.identity()
+    assert original not in here and "sha256" in here
+    folder = tmp_path / "another" / "lib"
+    folder.mkdir(parents=True)
+    for name in [original, *glob.glob(os.path.join(os.path.dirname(original), "libnvrtc-builtins.so.*"))]:
+        shutil.copy(name, folder / os.path.basename(name))
+    copy = folder / os.path.basename(original)
+    monkeypatch.setenv("MLLM_KERNEL_NVRTC", str(copy))
+    nvrtc.library.cache_clear()
+    try:
+        assert nvrtc.library()[1] == os.path.realpath(copy)
+        assert nvrtc.identity() == here
+        with open(copy, "ab") as file:  # another compiler: a changed file, a new stat
+            file.write(b"\0")
+        os.utime(copy, ns=(1, 1))
+        assert nvrtc.identity() != here
+    finally:
+        nvrtc.library.cache_clear()
 
 
 @needs_nvrtc
