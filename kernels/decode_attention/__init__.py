@@ -192,7 +192,7 @@ def decode_attention(
     [batch, num_heads] = log(sum(exp(logits))) (natural log; -inf for seq_len 0, whose out is 0).
     check (CUDA): sync and raise on a recorded bad block id or seq_len (module doc).
     num_splits: force the split-KV count (1 = no split; None = planned from the shapes).
-    num_threads (CPU): threads over (request, kv head) pairs, spawned per call; CUDA ignores it.
+    num_threads (CPU): threads over (request, kv head) pairs (a pool kept between calls); CUDA ignores it.
     """
     # q's device too: lse (and out) are allocated on it, and the custom op would name them.
     if type(q) is not torch.Tensor or q.device.type not in SPECS:

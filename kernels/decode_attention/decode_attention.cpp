@@ -56,8 +56,8 @@ inline void CheckIndices(const DecodeArgs& a, const int32_t* block_table, const 
  * \brief out [B, H, D] = softmax(scale * q . K) V over each request's paged keys, and lse [B, H]
  * (natural log; -inf and out 0 for a request without keys). Arguments: decode_attention.hpp.
  *
- * num_threads: workers over (request, kv heads) items, spawned per call (0 or 1: the calling
- * thread only). A seq_len outside [0, max_blocks_per_seq * block_size] or a block id outside
+ * num_threads: workers over (request, kv heads) items, from the pool of
+ * mllm_kernel/cpu/parallel.hpp (0 or 1: the calling thread only). A seq_len outside [0, max_blocks_per_seq * block_size] or a block id outside
  * [0, num_blocks) among the blocks read raises ValueError before anything is written.
  */
 inline void decode_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse, tvm::ffi::TensorView q,

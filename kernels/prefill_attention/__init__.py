@@ -163,7 +163,7 @@ def prefill_attention(
     scale: default head_dim ** -0.5. logits_soft_cap > 0: logits = cap * tanh(scale * q.k / cap).
     Returns out [total_q, num_heads, head_dim] in q's dtype (written into `out` when given) and,
     with return_lse, lse float32 [total_q, num_heads] (natural log). check (CUDA): sync and raise
-    on recorded bad lengths. num_threads (CPU): worker threads, spawned per call.
+    on recorded bad lengths. num_threads (CPU): worker threads (a pool kept between calls).
     """
     out, lse = _outputs("prefill_attention", q, out)
     if type(causal) is not bool:

@@ -13,7 +13,7 @@
   probabilities that top-k / top-p (the rules above, top-p relative to the row's total mass)
   keep, divided by their sum, and 0 elsewhere; a row that keeps no mass comes back as zeros.
 
-num_threads (CPU; CUDA ignores it): rows run on that many threads, spawned per call; results
+num_threads (CPU; CUDA ignores it): rows run on that many threads (a pool kept between calls); results
 do not depend on it.
 
 The uniforms are drawn here with torch (one float32 per row, from `generator` when given) and

@@ -42,6 +42,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -147,8 +148,8 @@ T FromFloat(float v) {
   else return hwy::BF16FromF32(v);
 }
 
-// Workers for a row op: a thread costs tens of microseconds to start, so each gets at least
-// `min_elements` of the rows' elements (and whole rows).
+// Workers for a row op: waking a pool thread and its first touch of its scratch cost
+// microseconds, so each gets at least `min_elements` of the rows' elements (and whole rows).
 inline int64_t RowWorkers(const char* op, int64_t num_threads, const sampling::SampleArgs& rows,
                           int64_t min_elements) {
   const int64_t worth = (rows.batch * rows.vocab + min_elements - 1) / min_elements;
@@ -157,7 +158,8 @@ inline int64_t RowWorkers(const char* op, int64_t num_threads, const sampling::S
 constexpr int64_t kMinElementsPerWorker = int64_t{1} << 14;  // the selection and sampling ops
 constexpr int64_t kMinArgMaxElementsPerWorker = int64_t{1} << 18;  // argmax: a fast streaming pass
 
-// Per-worker buffers of a row op, made before the workers start (nothing allocates inside them).
+// Per-worker buffers of a row op, made by each worker on its first row (first-touching the
+// pages in parallel).
 struct RowScratch {
   std::vector<float> x, selection;  // the row as float; the top-k / top-p selection's candidates
   std::vector<double> weights;
@@ -171,11 +173,11 @@ struct RowScratch {
 // not depend on the thread count).
 template <typename Fn>
 void ForEachRow(int64_t batch, int64_t vocab, int64_t workers, bool with_weights, Fn&& fn) {
-  std::vector<RowScratch> scratch;
-  scratch.reserve(static_cast<size_t>(workers));
-  for (int64_t w = 0; w < workers; ++w) scratch.emplace_back(vocab, with_weights);
+  std::vector<std::optional<RowScratch>> scratch(static_cast<size_t>(workers));
   ParallelFor(batch, workers, 1, [&](int64_t worker, int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) fn(b, scratch[static_cast<size_t>(worker)]);
+    std::optional<RowScratch>& own = scratch[static_cast<size_t>(worker)];
+    if (!own) own.emplace(vocab, with_weights);
+    for (int64_t b = begin; b < end; ++b) fn(b, *own);
   });
 }
 

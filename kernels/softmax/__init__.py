@@ -74,7 +74,7 @@ def _check_threads(op: str, num_threads) -> int:
 def softmax(x: torch.Tensor, temperature: float = 1.0, *, num_threads: int = 1) -> torch.Tensor:
     """softmax(x / temperature) over the last dim (numerically stable: the row max is
     subtracted first). temperature must be > 0. num_threads (CPU; CUDA ignores it): rows over
-    that many threads, spawned per call; results do not depend on it."""
+    that many threads (a pool kept between calls); results do not depend on it."""
     return _softmax(x, temperature, num_threads if type(num_threads) is int else _check_threads("softmax", num_threads))
 
 

@@ -24,8 +24,8 @@ namespace mllm_kernel::cpu {
 
 namespace softmax_detail {
 
-// A thread takes tens of microseconds to start: each worker gets at least this many elements.
-constexpr int64_t kMinElementsPerWorker = int64_t{1} << 16;
+// Waking a pool thread takes microseconds: each worker gets at least this many elements.
+constexpr int64_t kMinElementsPerWorker = int64_t{1} << 15;
 
 inline void Run(const char* op, tvm::ffi::TensorView out, tvm::ffi::TensorView x, float inv_temp, bool log,
                 int64_t num_threads) {
@@ -46,7 +46,7 @@ inline void Run(const char* op, tvm::ffi::TensorView out, tvm::ffi::TensorView x
 }  // namespace softmax_detail
 
 /*! \brief out = softmax(x / temperature) over the last dim; temperature > 0; rows over
- *  num_threads (>= 1) threads spawned per call. */
+ *  num_threads (>= 1) threads of the pool (mllm_kernel/cpu/parallel.hpp). */
 inline void softmax(tvm::ffi::TensorView out, tvm::ffi::TensorView x, double temperature, int64_t num_threads) {
   softmax_detail::Run("softmax", out, x, mllm_kernel::softmax::InvTemperature(temperature), false, num_threads);
 }
