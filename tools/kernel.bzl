@@ -24,37 +24,59 @@ def _cxx_for_linking(cc_toolchain):
         return compiler[:-len("gcc")] + "g++"
     return compiler
 
-def _prebuilt_modules_impl(ctx):
-    tree = ctx.actions.declare_directory(ctx.label.name)
-    devices = []
-    if ctx.attr._cpu_kernels[BuildSettingInfo].value:
-        devices.append("cpu")
-    if ctx.attr._cuda_kernels[BuildSettingInfo].value:
-        devices.append("cuda")
-    archs = ctx.attr._archs[BuildSettingInfo].value
-    cc_toolchain = find_cpp_toolchain(ctx)
-    highway_root = ctx.file._highway_header.dirname.rpartition("/")[0]
-
+def _prebuild(ctx, device, tool, archs, cc_toolchain, highway_root):
+    """One action: the package's `device` modules, built by `tool`, into their own tree."""
+    tree = ctx.actions.declare_directory(ctx.label.name + "." + device)
     args = ctx.actions.args()
     args.add("--out", tree.path)
-    args.add("--archs", ",".join(archs))
-    args.add("--devices", ",".join(devices))
+    args.add("--archs", ",".join(archs) if device == "cuda" else "")
+    args.add("--devices", device)
     args.add("--module", ctx.attr.package)
     args.add("--attr", "SPECS")
     ctx.actions.run(
-        executable = ctx.executable.aot_tool,
+        executable = tool,
         arguments = [args],
         inputs = depset(ctx.files._highway_files + ctx.files._highway_header, transitive = [cc_toolchain.all_files]),
         tools = ctx.files._nvcc_files + [ctx.executable._nvcc],
         outputs = [tree],
         mnemonic = "KernelPrebuild",
-        progress_message = "Prebuilding kernel modules of %{label} (" + ",".join(devices) + ")",
+        progress_message = "Prebuilding the %s modules of %%{label}" % device,
         env = {
             "CXX": _cxx_for_linking(cc_toolchain),
+            # CPU modules without Highway search the toolkit's headers too (JitSpec.include_paths)
             "MLLM_KERNEL_NVCC": ctx.executable._nvcc.path,
             "MLLM_KERNEL_HIGHWAY_ROOT": highway_root,
             "PATH": "/usr/bin:/bin",
         },
+    )
+    return tree
+
+def _prebuilt_modules_impl(ctx):
+    # One action per device module (each with only its device's sources as inputs, through its
+    # own aot tool), so that they run in parallel and a change to a kernel's CPU code does not
+    # rebuild its CUDA module; then a cheap merge into the one tree the consumers read.
+    tools = {"cpu": ctx.executable.cpu_aot_tool, "cuda": ctx.executable.cuda_aot_tool}
+    enabled = {"cpu": ctx.attr._cpu_kernels[BuildSettingInfo].value, "cuda": ctx.attr._cuda_kernels[BuildSettingInfo].value}
+    archs = ctx.attr._archs[BuildSettingInfo].value
+    cc_toolchain = find_cpp_toolchain(ctx)
+    highway_root = ctx.file._highway_header.dirname.rpartition("/")[0]
+    parts = [
+        _prebuild(ctx, device, tools[device], archs, cc_toolchain, highway_root)
+        for device in ("cpu", "cuda")
+        if enabled[device] and tools[device] != None
+    ]
+
+    tree = ctx.actions.declare_directory(ctx.label.name)
+    args = ctx.actions.args()
+    args.add("--out", tree.path)
+    args.add_all(parts, expand_directories = False)
+    ctx.actions.run(
+        executable = ctx.executable._merge_tool,
+        arguments = [args],
+        inputs = parts,
+        outputs = [tree],
+        mnemonic = "KernelPrebuildMerge",
+        progress_message = "Merging the prebuilt module trees of %{label}",
     )
     return [DefaultInfo(files = depset([tree])), PrebuiltInfo(tree = tree)]
 
@@ -62,7 +84,9 @@ prebuilt_modules = rule(
     implementation = _prebuilt_modules_impl,
     attrs = {
         "package": attr.string(mandatory = True, doc = "the Python package whose SPECS to prebuild"),
-        "aot_tool": attr.label(mandatory = True, executable = True, cfg = "exec"),
+        "cpu_aot_tool": attr.label(executable = True, cfg = "exec", doc = "builds the package's CPU modules"),
+        "cuda_aot_tool": attr.label(executable = True, cfg = "exec", doc = "builds the package's CUDA modules"),
+        "_merge_tool": attr.label(default = "//tools:merge_prebuilt", executable = True, cfg = "exec"),
         "_archs": attr.label(default = "//tools/cuda:archs"),
         "_cpu_kernels": attr.label(default = "//tools:cpu_kernels"),
         "_cuda_kernels": attr.label(default = "//tools:cuda_kernels"),
@@ -82,30 +106,44 @@ def mllm_kernel_library(name, visibility = ["//visibility:public"]):
     Everything follows from the folder's layout: its C++/CUDA sources and headers (includable;
     compiled by the JIT runtime or prebuilt), its Python package mllm_kernel.kernels.<name>
     (every .py file), and the prebuilt modules of that package's SPECS attribute.
-    Targets: :sources, :<name> (py_library), :prebuilt (module tree + manifest).
+    Targets: :sources, :<name> (py_library), :prebuilt (module tree + manifest, merged from one
+    prebuild action per device).
     """
     native.filegroup(
         name = "sources",
         srcs = native.glob(["*.cpp", "*.h", "*.hpp", "*.cuh"]),
         visibility = visibility,
     )
+
+    # What each device's module compiles from (.hpp and .h: shared contracts), for its prebuild
+    # action's inputs.
+    native.filegroup(name = "cpu_sources", srcs = native.glob(["*.cpp", "*.h", "*.hpp"]))
+    native.filegroup(name = "cuda_sources", srcs = native.glob(["*.cuh", "*.h", "*.hpp"]))
     py_library(
-        name = name,
+        name = name + "_python",
         srcs = native.glob(["*.py"]),
-        data = [":sources"],
         deps = ["//mllm_kernel", requirement("torch")],
-        visibility = visibility,
-    )
-    py_binary(
-        name = "aot",
-        srcs = ["//mllm_kernel:aot_main.py"],
-        main = "//mllm_kernel:aot_main.py",
-        deps = [":" + name, "//mllm_kernel", requirement("torch")],
         visibility = ["//visibility:private"],
     )
+    py_library(
+        name = name,
+        data = [":sources"],
+        deps = [":" + name + "_python"],
+        visibility = visibility,
+    )
+    for device in ("cpu", "cuda"):
+        py_binary(
+            name = "aot_" + device,
+            srcs = ["//mllm_kernel:aot_main.py"],
+            main = "//mllm_kernel:aot_main.py",
+            data = [":%s_sources" % device],
+            deps = [":" + name + "_python", "//mllm_kernel", requirement("torch")],
+            visibility = ["//visibility:private"],
+        )
     prebuilt_modules(
         name = "prebuilt",
         package = "mllm_kernel.kernels." + name,
-        aot_tool = ":aot",
+        cpu_aot_tool = ":aot_cpu",
+        cuda_aot_tool = ":aot_cuda",
         visibility = visibility,
     )
