@@ -2796,9 +2796,11 @@ def tree_mask_rows(spec: OpSpec) -> Iterator[Row]:
 
 
 def _module_spec(package: str, export: str, valid: Callable[[], dict[str, Any]], reference=None,
-                 verify_order: tuple[str, ...] = ()) -> OpSpec:
+                 verify_order: tuple[str, ...] = (), cpu_extra: tuple = ()) -> OpSpec:
     def call(**a):  # the module of out's device (the CPU table: always the CPU module)
-        return getattr(registry.package(package)._modules[a["out"].device.type], export)(*a.values())
+        device = a["out"].device.type
+        extra = cpu_extra if device == "cpu" else ()  # e.g. the CPU module's thread count
+        return getattr(registry.package(package)._modules[device], export)(*a.values(), *extra)
 
     return OpSpec(f"{export} (module)", export, call, valid=valid, written=("out",), reference=reference,
                   verify_order=verify_order, router="out")
@@ -2862,7 +2864,8 @@ def module_specs() -> dict[str, OpSpec]:
             verify_order=("x", "out", "weight")),
         "softmax (module)": _module_spec(
             "softmax", "softmax", lambda: {"out": torch.zeros(4, 64), "x": randn(4, 64), "temperature": 1.0},
-            reference=_module_out_reference("softmax", "softmax", "ref_softmax", "x"), verify_order=("x", "out")),
+            reference=_module_out_reference("softmax", "softmax", "ref_softmax", "x"), verify_order=("x", "out"),
+            cpu_extra=(1,)),
         "silu_and_mul (module)": _module_spec(
             "activation", "silu_and_mul", lambda: {"out": torch.zeros(4, 64), "x": randn(4, 128)},
             reference=_module_out_reference("silu_and_mul", "activation", "ref_silu_and_mul", "x"),
