@@ -57,24 +57,18 @@ constexpr int kWarpsLarge = 6;
 constexpr int kWarpsSmall = 2;
 constexpr int kTile = 16;    // keys per warp tile: the k of one m16n8k16 product P . V
 constexpr int kRows = 16;    // query heads per CTA: the m of the tensor-core products
-constexpr int kStages = 2;   // tiles a warp holds in shared memory, all in flight while it waits
 constexpr int kChunk = device::kChunkElems;  // 16-bit elements per 16-byte chunk
+constexpr int kStages = 2;   // tiles a warp holds in shared memory, all in flight while it waits
 
-// Shared memory of a CTA: q [kRows, D], then each warp's region: its ring of K and V tiles
-// [kTile, D] of the cache's type and, for a float8 cache, the K and V tiles of the stage being
-// consumed converted to q's type (the tensor cores' inputs). Both layouts take the same bytes
-// (2 stages of 16-bit tiles = 2 stages of 8-bit tiles + one converted pair). The epilogue reuses
-// the regions for the warps' partial states ([kRows, D + 8] floats a warp).
+// Shared memory of a CTA: q [kRows, D] (16-bit), then each warp's ring of K and V tiles [kTile, D]
+// of the cache's type, then for a float8 cache q's per-row scales. The epilogue reuses the regions for the warps' partial states ([kRows, D + 8] floats a warp).
 template <int D>
-constexpr int kTileBytes = kTile * D * 2;  // a tile of 16-bit values
-template <int D, bool kFp8>
-constexpr int kWarpBytes = kFp8 ? kStages * 2 * kTile * D + 2 * kTileBytes<D> : kStages * 2 * kTileBytes<D>;
+constexpr int kWarpBytes = kStages * 2 * kTile * D * 2;  // sized for 16-bit tiles (the epilogue needs it)
 template <int D, int kWarps, bool kFp8>
-constexpr int kSmemBytes = kRows * D * 2 + kWarps * kWarpBytes<D, kFp8>;
+constexpr int kSmemBytes = kRows * D * 2 + kWarps * kWarpBytes<D> + (kFp8 ? kRows * 4 : 0);
 template <int D>
 constexpr int kEpilogueStride = D + 8;  // floats; the pad spreads the rows' float2 stores over banks
-static_assert(kRows * (kEpilogueStride<64> + 2) * 4 <= kWarpBytes<64, false> &&
-                  kRows * (kEpilogueStride<64> + 2) * 4 <= kWarpBytes<64, true>,
+static_assert(kRows * (kEpilogueStride<64> + 2) * 4 <= kWarpBytes<64>,
               "a warp's epilogue state must fit its ring (head_dim 64 is the tightest)");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -113,28 +107,44 @@ struct DecodeParams {
 
 // ---------------------------------------------------------------------------- float8
 
-/*! \brief 16 float8 (e4m3fn) values as 16 values of T (two 16-byte chunks, in order). Exact: every
- * e4m3 value is a float16 and a bfloat16 value; NaN stays NaN. */
-template <typename T>
-__device__ __forceinline__ void fp8x16_to(uint4 in, uint4& lo, uint4& hi) {
-  const uint32_t words[4] = {in.x, in.y, in.z, in.w};
-  uint32_t out[8];
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const auto pair = static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * half));
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-      if constexpr (std::is_same_v<T, fp16_t>) {
-        out[2 * w + half] = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-      } else {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-        out[2 * w + half] = pack2<T>(f.x, f.y);
-      }
-    }
-  }
-  lo = make_uint4(out[0], out[1], out[2], out[3]);
-  hi = make_uint4(out[4], out[5], out[6], out[7]);
+// A float8 cache is read straight into the tensor cores' registers, converted there by one
+// instruction per pair (no pass through shared memory). The products run in float16 for either
+// q type: every e4m3 value is a float16 value (NaN stays NaN), a bfloat16 q row becomes float16
+// exactly after scaling by a power of two, and P (in [0, 1]) keeps more bits in float16.
+//
+// S = q K^T sums over the dims in any order, so each lane takes 16 consecutive dims of a K row
+// (one 16-byte read) and the dims of q are read in the same order. O = P V needs pairs of keys
+// at one dim: a lane reads a run of dims from each of its 4 key rows, pairs the bytes with prmt,
+// and the output dims come out permuted (undone by the epilogue, see fp8_out_dim).
+
+/*! \brief Two e4m3 values (low byte first) as a float16 pair (exact). */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t pair) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t out;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(out) : "h"(pair));
+  return out;
+#else
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+#endif
+}
+
+/*! \brief Offset (in 16-byte chunks) of chunk c of row r in a float8 tile [kTile, D]. Chunks are
+ * XOR-swizzled within each 128 bytes so that every 8 lanes of the K reads (2 rows x 4 chunks) and
+ * of the V reads (4 even or odd rows x 2 chunks) touch 8 different bank groups. */
+template <int D>
+__device__ __forceinline__ int fp8_slot(int r, int c) {
+  constexpr int kRowChunks = D / 16;
+  const int sw = (((r >> 1) & 3) << 1) ^ (kRowChunks >= 8 ? (r & 1) << 2 : 0);
+  return (r * kRowChunks + c) ^ sw;
+}
+
+/*! \brief The dim that column `col` (0-7) of output tile j holds in the float8 path: lane column
+ * col reads J = min(D / 8, 16) consecutive V dims per 128 (tile j takes the (j % J)-th). */
+template <int D>
+__device__ __forceinline__ int fp8_out_dim(int j, int col) {
+  constexpr int J = D / 8 < 16 ? D / 8 : 16;
+  return (j / J) * 8 * J + col * J + j % J;
 }
 
 // ---------------------------------------------------------------------------- decode
@@ -146,10 +156,12 @@ __device__ __forceinline__ void fp8x16_to(uint4 in, uint4& lo, uint4& hi) {
  * rows; unused rows are zeros). Online softmax per warp in log2 units; the warps' states are
  * merged in the epilogue. Fragment layouts are the PTX ISA's for mma.m16n8k16: a lane holds
  * rows lane / 4 and lane / 4 + 8, columns 2 (lane % 4) and 2 (lane % 4) + 1 of each 8 columns.
+ * A float8 cache's tiles go from shared memory to registers without ldmatrix (see e4m3x2_to_f16x2).
  */
 template <typename T, typename KV, int D, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(const DecodeParams<T, KV> p) {
   constexpr bool kFp8 = sizeof(KV) == 1;
+  using MmaT = std::conditional_t<kFp8, fp16_t, T>;  // the tensor cores' input type
   constexpr int kThreads = kWarps * 32;
   constexpr int kChunks = D / kChunk;                 // 16-byte chunks per row of T: 8, 16, 32
   constexpr int kKVChunkElems = 16 / sizeof(KV);      // cache values per 16-byte chunk
@@ -160,11 +172,11 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
   extern __shared__ __align__(128) unsigned char smem[];
   uint4* q_tile = reinterpret_cast<uint4*>(smem);  // [kRows, D], swizzled
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  uint4* ring = q_tile + kRows * kChunks + warp * (kWarpBytes<D, kFp8> / 16);  // this warp's region
-  uint4* converted = ring + kStages * 2 * kRingTile;  // float8 only: the consumed K, V tiles as T
-  // Where chunk c of tile row r sits in a ring tile: 16-bit tiles are read by ldmatrix (swizzled,
-  // see swizzle()); float8 tiles row by row by the conversion, which writes swizzled T tiles.
-  const auto ring_slot = [](int r, int c) { return kFp8 ? r * kKVChunks + c : swizzle<D>(r, c); };
+  uint4* ring = q_tile + kRows * kChunks + warp * (kWarpBytes<D> / 16);  // this warp's region
+  // float8 only: q's per-row factors (powers of two, see the prologue), after the rings.
+  float* q_row_scale = reinterpret_cast<float*>(q_tile + kRows * kChunks + kWarps * (kWarpBytes<D> / 16));
+  // Where chunk c of tile row r sits in a ring tile (16-bit tiles: read by ldmatrix).
+  const auto ring_slot = [](int r, int c) { return kFp8 ? fp8_slot<D>(r, c) : swizzle<D>(r, c); };
 
   const int split = blockIdx.x;
   const int kvh = blockIdx.y / p.head_chunks;
@@ -269,33 +281,59 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
+  // The logits' factor per row r0, r0 + 8 (a float8 path's q rows carry their own factor).
+  float row_q_scale[2] = {q_scale, q_scale};
+
   auto consume = [&](int stage) {
     const uint4* k_tile = ring + stage * 2 * kRingTile;
     const uint4* v_tile = k_tile + kRingTile;
-    if constexpr (kFp8) {  // the stage's float8 K and V tiles -> T tiles in `converted`
+    // S [16 heads, 16 keys] = q K^T, as two 16x8 products per 16 dims, the even and odd 16 dims
+    // into separate sums (halves the chain of dependent products).
+    float s2[2][2][4] = {};
+    if constexpr (kFp8) {
+      // Lane (col, t) takes dims 64 G + 16 t + [0, 16) of K rows col and 8 + col; the 4 dims of
+      // one 4-byte word are k = 2t, 2t + 1, 2t + 8, 2t + 9 of one product, and q's A fragments
+      // are read in the same dim order (words of q's chunks 8 G + 2 t and + 1).
+      const int col = lane / 4, t = lane % 4;
+      const uint32_t* k_bytes = reinterpret_cast<const uint32_t*>(k_tile);
 #pragma unroll
-      for (int i = lane; i < 2 * kRingTile; i += 32) {
-        const int tile = i / kRingTile, r = (i % kRingTile) / kKVChunks, c = i % kKVChunks;
-        uint4 lo, hi;
-        fp8x16_to<T>(k_tile[i], lo, hi);  // k_tile[i] runs on into v_tile for i >= kRingTile
-        uint4* dst = converted + tile * kTile * kChunks;
-        dst[swizzle<D>(r, 2 * c)] = lo;
-        dst[swizzle<D>(r, 2 * c + 1)] = hi;
+      for (int g = 0; g < D / 64; ++g) {
+        uint4 qa[2], qb[2], kw[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          qa[h] = q_tile[swizzle<D>(col, 8 * g + 2 * t + h)];
+          qb[h] = q_tile[swizzle<D>(col + 8, 8 * g + 2 * t + h)];
+          kw[h] = *reinterpret_cast<const uint4*>(k_bytes + 4 * fp8_slot<D>(8 * h + col, 4 * g + t));
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t* wa = reinterpret_cast<const uint32_t*>(&qa[i / 2]) + 2 * (i % 2);
+          const uint32_t* wb = reinterpret_cast<const uint32_t*>(&qb[i / 2]) + 2 * (i % 2);
+          const uint32_t a[4] = {wa[0], wb[0], wa[1], wb[1]};
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            const uint32_t w = reinterpret_cast<const uint32_t*>(&kw[n])[i];
+            mma_16816<MmaT>(s2[i % 2][n], a, e4m3x2_to_f16x2(static_cast<uint16_t>(w)),
+                            e4m3x2_to_f16x2(static_cast<uint16_t>(w >> 16)));
+          }
+        }
       }
-      __syncwarp();  // converted tiles written
-      k_tile = converted;
-      v_tile = converted + kTile * kChunks;
-    }
-    // S [16 heads, 16 keys] = q K^T, as two 16x8 products per 16 dims.
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    } else {
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t a[4], kb[4];
-      ldmatrix_x4(a, q_tile + swizzle<D>(lane % 16, 2 * ks + lane / 16));
-      const int mat = lane / 8;
-      ldmatrix_x4(kb, k_tile + swizzle<D>((mat / 2) * 8 + lane % 8, 2 * ks + mat % 2));
-      mma_16816<T>(s[0], a, kb[0], kb[1]);
-      mma_16816<T>(s[1], a, kb[2], kb[3]);
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t a[4], kb[4];
+        ldmatrix_x4(a, q_tile + swizzle<D>(lane % 16, 2 * ks + lane / 16));
+        const int mat = lane / 8;
+        ldmatrix_x4(kb, k_tile + swizzle<D>((mat / 2) * 8 + lane % 8, 2 * ks + mat % 2));
+        mma_16816<MmaT>(s2[ks % 2][0], a, kb[0], kb[1]);
+        mma_16816<MmaT>(s2[ks % 2][1], a, kb[2], kb[3]);
+      }
+    }
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[n][c] = s2[0][n][c] + s2[1][n][c];
     }
     // Logits in log2 units, masked keys -inf; the running state's rescale per row.
     const uint32_t mask = key_mask[stage];
@@ -304,7 +342,7 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        float x = s[n][c] * q_scale;
+        float x = s[n][c] * row_q_scale[c / 2];
         if (p.soft_cap) x = tanhf(x);
         const int col = n * 8 + (lane % 4) * 2 + (c & 1);
         s[n][c] = (mask >> col) & 1u ? x * p.logit_scale : -INFINITY;
@@ -330,23 +368,67 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
         l[c / 2] += s[n][c];
       }
     }
+    // O's rescale (D / 2 multiplies a lane) only when a row's max grew somewhere in the warp:
+    // past the first tiles it rarely does.
+    if (__any_sync(device::kFullMask, rescale[0] != 1.f || rescale[1] != 1.f)) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= rescale[0];
-      o[n][1] *= rescale[0];
-      o[n][2] *= rescale[1];
-      o[n][3] *= rescale[1];
+      for (int n = 0; n < D / 8; ++n) {
+        o[n][0] *= rescale[0];
+        o[n][1] *= rescale[0];
+        o[n][2] *= rescale[1];
+        o[n][3] *= rescale[1];
+      }
     }
     // O [16 heads, D] += P V: P's accumulator layout is the A operand's (keys as k).
-    const uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
-                            pack2<T>(s[1][2], s[1][3])};
+    const uint32_t pa[4] = {pack2<MmaT>(s[0][0], s[0][1]), pack2<MmaT>(s[0][2], s[0][3]),
+                            pack2<MmaT>(s[1][0], s[1][1]), pack2<MmaT>(s[1][2], s[1][3])};
+    if constexpr (kFp8) {
+      // Lane (col, t) reads D / 8 dims (from fp8_out_dim) of V rows 2t, 2t + 1, 2t + 8, 2t + 9;
+      // prmt pairs the rows' bytes per dim: the B fragments {2t, 2t + 1} and {2t + 8, 2t + 9}.
+      constexpr int kWords = D / 32;  // 4-byte words a lane reads of each row
+      const int col = lane / 4, t = lane % 4;
+      const unsigned char* v_bytes = reinterpret_cast<const unsigned char*>(v_tile);
+      uint32_t vw[4][kWords];
 #pragma unroll
-    for (int n = 0; n < D / 8; n += 2) {
-      uint32_t vb[4];
-      const int mat = lane / 8;
-      ldmatrix_x4_trans(vb, v_tile + swizzle<D>((mat % 2) * 8 + lane % 8, n + mat / 2));
-      mma_16816<T>(o[n], pa, vb[0], vb[1]);
-      mma_16816<T>(o[n + 1], pa, vb[2], vb[3]);
+      for (int ri = 0; ri < 4; ++ri) {
+        const int r = (ri / 2) * 8 + 2 * t + ri % 2;
+        if constexpr (D == 64) {  // 8 bytes: half of chunk col / 2
+          const uint2 x =
+              *reinterpret_cast<const uint2*>(v_bytes + 16 * fp8_slot<D>(r, col / 2) + 8 * (col % 2));
+          vw[ri][0] = x.x;
+          vw[ri][1] = x.y;
+        } else {  // 16 bytes per 128 dims: chunk 8 piece + col
+#pragma unroll
+          for (int piece = 0; piece < D / 128; ++piece) {
+            const uint4 x = *reinterpret_cast<const uint4*>(v_bytes + 16 * fp8_slot<D>(r, 8 * piece + col));
+            vw[ri][4 * piece] = x.x;
+            vw[ri][4 * piece + 1] = x.y;
+            vw[ri][4 * piece + 2] = x.z;
+            vw[ri][4 * piece + 3] = x.w;
+          }
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) {
+        // Bytes (row 2t, row 2t + 1) of dims 0, 1 of the word, then of dims 2, 3; same for 2t + 8, 2t + 9.
+        const uint32_t lo[2] = {__byte_perm(vw[0][w], vw[1][w], 0x5140), __byte_perm(vw[0][w], vw[1][w], 0x7362)};
+        const uint32_t hi[2] = {__byte_perm(vw[2][w], vw[3][w], 0x5140), __byte_perm(vw[2][w], vw[3][w], 0x7362)};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int shift = 16 * (e % 2);
+          mma_16816<MmaT>(o[4 * w + e], pa, e4m3x2_to_f16x2(static_cast<uint16_t>(lo[e / 2] >> shift)),
+                          e4m3x2_to_f16x2(static_cast<uint16_t>(hi[e / 2] >> shift)));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) {
+        uint32_t vb[4];
+        const int mat = lane / 8;
+        ldmatrix_x4_trans(vb, v_tile + swizzle<D>((mat % 2) * 8 + lane % 8, n + mat / 2));
+        mma_16816<MmaT>(o[n], pa, vb[0], vb[1]);
+        mma_16816<MmaT>(o[n + 1], pa, vb[2], vb[3]);
+      }
     }
   };
 
@@ -363,6 +445,44 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
   }
   cp_async_wait<kStages>();  // this thread's part of q (the oldest group)
   __syncthreads();           // every thread's part
+  if constexpr (kFp8) {
+    // q -> float16 in place for the float16 products. A bfloat16 row is first multiplied by
+    // 2^-e (e from the row's largest finite |q|: it lands in [2^14, 2^15)), which is exact and
+    // keeps it in float16's range; 2^e moves into that row's logit factor.
+    if constexpr (!std::is_same_v<T, fp16_t>) {
+      constexpr int kWords = D / 64;  // bfloat16 pairs per lane
+      uint32_t* words = reinterpret_cast<uint32_t*>(q_tile);
+      for (int r = warp; r < kRows; r += kWarps) {
+        float2 x[kWords];
+        float largest = 0.f;
+#pragma unroll
+        for (int k = 0; k < kWords; ++k) {
+          const int wi = lane * kWords + k;  // the row's word wi: chunk wi / 4, word wi % 4
+          x[k] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[4 * swizzle<D>(r, wi / 4) + wi % 4]));
+          if (fabsf(x[k].x) < INFINITY) largest = fmaxf(largest, fabsf(x[k].x));
+          if (fabsf(x[k].y) < INFINITY) largest = fmaxf(largest, fabsf(x[k].y));
+        }
+        largest = device::warp_reduce_max(largest);
+        int e = 0;
+        if (largest > 0.f) {
+          int exponent;
+          frexpf(largest, &exponent);  // largest in [2^(exponent - 1), 2^exponent)
+          e = max(-100, min(113, exponent - 15));  // 2^e and 2^-e stay normal floats
+        }
+        const float down = __int_as_float((127 - e) << 23);  // 2^-e, exact
+#pragma unroll
+        for (int k = 0; k < kWords; ++k) {
+          const int wi = lane * kWords + k;
+          const __half2 h = __floats2half2_rn(x[k].x * down, x[k].y * down);
+          words[4 * swizzle<D>(r, wi / 4) + wi % 4] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+        if (lane == 0) q_row_scale[r] = __int_as_float((127 + e) << 23);
+      }
+      __syncthreads();
+      row_q_scale[0] = q_scale * q_row_scale[lane / 4];
+      row_q_scale[1] = q_scale * q_row_scale[lane / 4 + 8];
+    }
+  }
   for (int i0 = 0; i0 < my_tiles; i0 += kStages) {
 #pragma unroll
     for (int j = 0; j < kStages; ++j) {
@@ -406,11 +526,24 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
     for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, warp_m[w * kRows + r0 + 8 * h]);
     weight[h] = state_weights(m[h], m_all).x;
   }
+  float* my_rows = warp_o + (warp * kRows + r0) * kStride;
+  if constexpr (kFp8) {  // column c of tile n holds dim fp8_out_dim(n, c): pair tiles n, n + 1
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    float* row = warp_o + (warp * kRows + r0) * kStride + n * 8 + (lane % 4) * 2;
-    *reinterpret_cast<float2*>(row) = make_float2(o[n][0] * weight[0], o[n][1] * weight[0]);
-    *reinterpret_cast<float2*>(row + 8 * kStride) = make_float2(o[n][2] * weight[1], o[n][3] * weight[1]);
+    for (int n = 0; n < D / 8; n += 2) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float* at = my_rows + fp8_out_dim<D>(n, (lane % 4) * 2 + c);
+        *reinterpret_cast<float2*>(at) = make_float2(o[n][c] * weight[0], o[n + 1][c] * weight[0]);
+        *reinterpret_cast<float2*>(at + 8 * kStride) = make_float2(o[n][c + 2] * weight[1], o[n + 1][c + 2] * weight[1]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      float* row = my_rows + n * 8 + (lane % 4) * 2;
+      *reinterpret_cast<float2*>(row) = make_float2(o[n][0] * weight[0], o[n][1] * weight[0]);
+      *reinterpret_cast<float2*>(row + 8 * kStride) = make_float2(o[n][2] * weight[1], o[n][3] * weight[1]);
+    }
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < kRows * D; idx += kThreads) {

@@ -927,6 +927,27 @@ def test_cuda_fp8_window_cap_long(dtype, clean_cuda_errors):
 
 
 @cuda_only
+@pytest.mark.parametrize("exponent", [-90, -40, 40, 100])
+def test_cuda_fp8_bf16_q_outside_fp16_range(exponent, clean_cuda_errors):
+    # With a float8 cache the products run in float16: bfloat16 q rows far outside float16's
+    # range (per head 2^(exponent + [-3, 3])) must give the reference's answer, with scale
+    # bringing the logits back near 1.
+    seed("fp8_q_range", exponent)
+    case = cuda_case([300, 17, 1], 16, 4, 128, 16, torch.bfloat16)
+    k_scale, v_scale, k_per_head, v_per_head = fp8_scales("per_head", 4, "cuda")
+    k8, v8, k64, v64 = fp8_case(case, k_per_head, v_per_head)
+    head_exp = torch.randint(-3, 4, (16, 1), device="cuda").double() + exponent
+    q = (case.q.double() * torch.exp2(head_exp)).to(torch.bfloat16)
+    assert torch.isfinite(q).all() and (q != 0).any()
+    scale = 128 ** -0.5 * 2.0 ** -exponent
+    want = PagedCase(q, k64, v64, case.block_table, case.seq_lens).ref(scale=scale)
+    got, lse = decode_attention(q, k8, v8, case.block_table, case.seq_lens, k_scale=k_scale, v_scale=v_scale,
+                                scale=scale, return_lse=True)
+    assert pop_decode_attention_error("cuda") is None
+    assert_attention(got, lse, *want, torch.bfloat16, f"q * 2^{exponent}")
+
+
+@cuda_only
 @pytest.mark.parametrize("dtype", CUDA_FP8_Q_DTYPES, ids=dtype_id)
 def test_cuda_fp8_every_byte(dtype, clean_cuda_errors):
     check_fp8_every_byte("cuda", dtype)
