@@ -223,14 +223,24 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
   const int my_chunk = lane % kKVChunks;
   const KV* k_head = p.k_cache + static_cast<int64_t>(kvh) * D + my_chunk * kKVChunkElems;
   const KV* v_head = p.v_cache + static_cast<int64_t>(kvh) * D + my_chunk * kKVChunkElems;
+  auto tile_start = [&](int i) { return first + static_cast<int64_t>(warp + i * kWarps) * kTile; };
   auto key_of = [&](int i, int pass) {  // key index of this lane's row in the warp's i-th tile
-    return first + static_cast<int64_t>(warp + i * kWarps) * kTile + pass * kRowsPerPass + lane / kKVChunks;
+    return tile_start(i) + pass * kRowsPerPass + lane / kKVChunks;
   };
+  // Every tile inside one block (blocks of a multiple of kTile keys, tiles starting at a multiple
+  // of kTile; a sliding window may shift them): one block id per tile, rows at fixed strides.
+  const bool whole_tiles = p.block_size.d % kTile == 0 && first % kTile == 0;
+  const int64_t lane_row = (lane / kKVChunks) * row_elems;  // this lane's first row in a tile
 
-  // Block ids of a tile's rows (-1: past `last`), per stage; loaded kStages tiles ahead of the
-  // tile's copies, so that the table's latency hides behind the tiles in between.
+  // Block ids of a tile's rows (-1: past `last`; whole tiles: the tile's id in ids[0]), per stage;
+  // loaded kStages tiles ahead of the tile's copies, so that the table's latency hides behind
+  // the tiles in between.
   int32_t blocks[kStages][kPasses];
   auto load_blocks = [&](int i, int32_t(&ids)[kPasses]) {
+    if (whole_tiles) {
+      ids[0] = i < my_tiles ? table[p.block_size.div(static_cast<uint32_t>(tile_start(i)))] : -1;
+      return;
+    }
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int64_t t = key_of(i, pass);
@@ -248,6 +258,27 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
     }
     uint4* k_tile = ring + stage * 2 * kRingTile;
     uint4* v_tile = k_tile + kRingTile;
+    if (whole_tiles) {
+      const int64_t t0 = tile_start(i);
+      const int32_t block = ids[0];
+      const bool valid = block >= 0 && block < p.num_blocks;  // uniform over the warp
+      const int rows = static_cast<int>(min(static_cast<int64_t>(kTile), last - t0));
+      const uint32_t j = p.block_size.div(static_cast<uint32_t>(t0));
+      if (!valid && lane == 0) device::record_error(p.error, (static_cast<int64_t>(b) << 32) | j, block);
+      const int64_t offset = valid ? (t0 - static_cast<int64_t>(j) * p.block_size.d) * row_elems + lane_row : 0;
+      const KV* k_src = valid ? k_head + block * p.k_block_stride + offset : p.k_cache;
+      const KV* v_src = valid ? v_head + block * p.v_block_stride + offset : p.v_cache;
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int row = pass * kRowsPerPass + lane / kKVChunks;
+        const int64_t step = valid ? pass * kRowsPerPass * row_elems : 0;
+        cp_async_16(k_tile + ring_slot(row, my_chunk), k_src + step, valid && row < rows);
+        cp_async_16(v_tile + ring_slot(row, my_chunk), v_src + step, valid && row < rows);
+      }
+      key_mask[stage] = valid ? (rows == kTile ? 0xffffu : (1u << rows) - 1) : 0u;
+      cp_async_commit();
+      return;
+    }
     uint32_t mask = 0;
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
@@ -293,23 +324,17 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
     if constexpr (kFp8) {
       // Lane (col, t) takes dims 64 G + 16 t + [0, 16) of K rows col and 8 + col; the 4 dims of
       // one 4-byte word are k = 2t, 2t + 1, 2t + 8, 2t + 9 of one product, and q's A fragments
-      // are read in the same dim order (words of q's chunks 8 G + 2 t and + 1).
+      // sit in that dim order in shared memory (see the prologue).
       const int col = lane / 4, t = lane % 4;
-      const uint32_t* k_bytes = reinterpret_cast<const uint32_t*>(k_tile);
 #pragma unroll
       for (int g = 0; g < D / 64; ++g) {
-        uint4 qa[2], qb[2], kw[2];
+        uint4 kw[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          qa[h] = q_tile[swizzle<D>(col, 8 * g + 2 * t + h)];
-          qb[h] = q_tile[swizzle<D>(col + 8, 8 * g + 2 * t + h)];
-          kw[h] = *reinterpret_cast<const uint4*>(k_bytes + 4 * fp8_slot<D>(8 * h + col, 4 * g + t));
-        }
+        for (int n = 0; n < 2; ++n) kw[n] = k_tile[fp8_slot<D>(8 * n + col, 4 * g + t)];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const uint32_t* wa = reinterpret_cast<const uint32_t*>(&qa[i / 2]) + 2 * (i % 2);
-          const uint32_t* wb = reinterpret_cast<const uint32_t*>(&qb[i / 2]) + 2 * (i % 2);
-          const uint32_t a[4] = {wa[0], wb[0], wa[1], wb[1]};
+          const uint4 q4 = q_tile[(4 * g + i) * 32 + lane];
+          const uint32_t a[4] = {q4.x, q4.y, q4.z, q4.w};
 #pragma unroll
           for (int n = 0; n < 2; ++n) {
             const uint32_t w = reinterpret_cast<const uint32_t*>(&kw[n])[i];
@@ -482,6 +507,30 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
       row_q_scale[0] = q_scale * q_row_scale[lane / 4];
       row_q_scale[1] = q_scale * q_row_scale[lane / 4 + 8];
     }
+    // q as the products' A fragments, in the K reads' dim order: entry (16-dim step ks = 4 G + i,
+    // lane (g, t)) holds rows g and g + 8 at dims p, p + 1 then p + 2, p + 3, p = 64 G + 16 t + 4 i.
+    // One 16-byte read per product, no register moves.
+    constexpr int kFrags = D / 16 * 32;
+    constexpr int kPerThread = (kFrags + kThreads - 1) / kThreads;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(q_tile);
+    const auto word_at = [&](int r, int dim) { return words[4 * swizzle<D>(r, dim / 8) + (dim % 8) / 2]; };
+    uint4 frag[kPerThread];
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int f = threadIdx.x + k * kThreads;
+      if (f < kFrags) {
+        const int ks = f / 32, g = (f % 32) / 4, t = f % 4;
+        const int dim = (ks / 4) * 64 + 16 * t + 4 * (ks % 4);
+        frag[k] = make_uint4(word_at(g, dim), word_at(g + 8, dim), word_at(g, dim + 2), word_at(g + 8, dim + 2));
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int f = threadIdx.x + k * kThreads;
+      if (f < kFrags) q_tile[f] = frag[k];
+    }
+    __syncthreads();
   }
   for (int i0 = 0; i0 < my_tiles; i0 += kStages) {
 #pragma unroll
