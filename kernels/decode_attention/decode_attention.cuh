@@ -12,7 +12,8 @@
  * tiles (16 keys) in turn; each warp streams its tiles through its own ring in shared memory with
  * cp.async (both of its stages in flight while it waits) and keeps its own online-softmax state (in
  * log2 units); the warps' states are merged at the end. With num_splits > 1 the CTA writes a
- * float32 partial state and MergeSplitsKernel combines them.
+ * float32 partial state and MergeSplitsKernel combines them. A float8 cache's tiles are converted
+ * in registers and multiplied in float16 (see e4m3x2_to_f16x2).
  *
  * float32 q (with a float32 cache) runs DecodeFloatKernel instead: plain float32 arithmetic,
  * for float32 models; same splits, masking and error records.
