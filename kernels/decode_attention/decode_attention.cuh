@@ -643,6 +643,23 @@ __global__ void __launch_bounds__(kMergeWarps * 32) MergeSplitsKernel(T* out, fl
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
   const float* lses = partial_lse + row * num_splits;
+  const float* rows_of = partial_out + row * num_splits * D + lane * kDims;
+  // kMergeUnroll rows a warp, all loads in flight; the first batch is issued before the lse
+  // reductions, which do not depend on it.
+  float x[kMergeUnroll][kDims];
+  const auto load_rows = [&](int s0) {
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      const int s = s0 + u * kMergeWarps;
+#pragma unroll
+      for (int i = 0; i < kDims; i += 2) {
+        const float2 v = s < num_splits ? *reinterpret_cast<const float2*>(rows_of + s * D + i) : float2{0.f, 0.f};
+        x[u][i] = v.x;
+        x[u][i + 1] = v.y;
+      }
+    }
+  };
+  load_rows(warp);
   float m = -INFINITY;
   bool nan = false;
   for (int s = lane; s < num_splits; s += 32) {
@@ -656,19 +673,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32) MergeSplitsKernel(T* out, fl
   total = device::warp_reduce_sum(total);
   if (nan) total = NAN;
   float o[kDims] = {};
-  const float* rows_of = partial_out + row * num_splits * D + lane * kDims;
   for (int s0 = warp; s0 < num_splits; s0 += kMergeWarps * kMergeUnroll) {
-    float x[kMergeUnroll][kDims];
-#pragma unroll
-    for (int u = 0; u < kMergeUnroll; ++u) {  // all loads first: kMergeUnroll rows in flight
-      const int s = s0 + u * kMergeWarps;
-#pragma unroll
-      for (int i = 0; i < kDims; i += 2) {
-        const float2 v = s < num_splits ? *reinterpret_cast<const float2*>(rows_of + s * D + i) : float2{0.f, 0.f};
-        x[u][i] = v.x;
-        x[u][i + 1] = v.y;
-      }
-    }
+    if (s0 != warp) load_rows(s0);
 #pragma unroll
     for (int u = 0; u < kMergeUnroll; ++u) {
       const int s = s0 + u * kMergeWarps;
