@@ -1,6 +1,6 @@
 """CPU sampling and softmax ops with a thread count against torch with as many threads.
 
-    python benchmarks/bench_cpu_threads.py [--threads 1 2] [--shape 8x128256] [--iters 15]
+    python benchmarks/bench_cpu_threads.py [--threads 1 2] [--shape 8x128256] [--iters 15] [--ops min_p_sample]
 
 For each thread count N: ours with num_threads=N against torch eager (the baselines of
 kernels/sampling/cases.py and kernels/softmax/cases.py) after torch.set_num_threads(N). Median
@@ -28,6 +28,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--shape", nargs="+", default=["8x32000", "8x128256"])
     parser.add_argument("--iters", type=int, default=15)
+    parser.add_argument("--ops", nargs="+", help="only these ops (default: all)")
     args = parser.parse_args()
     timer = CpuTimer(args.iters, target_ns=2_000_000)
     k, p, min_p = cases.TOP_K, cases.TOP_P, cases.MIN_P
@@ -62,6 +63,8 @@ def main() -> int:
                                     lambda: torch.log_softmax(logits.float(), dim=-1).to(dtype)),
                 }  # fmt: skip
                 for op, (ours, eager) in rows.items():
+                    if args.ops and op not in args.ops:
+                        continue
                     t_ours, _ = timer(ours)
                     t_eager, _ = timer(eager)
                     name = str(dtype).removeprefix("torch.")

@@ -64,22 +64,29 @@ inline float ToFloat(hwy::bfloat16_t v) {
   return f;
 }
 
-// Inverse CDF over the kept weights (w[i] = 0 for dropped tokens), in index order.
-inline int64_t SampleIndex(const std::vector<double>& w, float u) {
+// Inverse CDF over the kept weights weight(i) (0 for dropped tokens), in index order: two passes
+// over weight, which may compute its values from the row rather than read them from a vector.
+template <typename Weight>
+inline int64_t SampleIndex(int64_t n, Weight&& weight, float u) {
   double total = 0.0;
   int64_t last_kept = 0;
-  for (size_t i = 0; i < w.size(); ++i) {
-    total += w[i];
-    if (w[i] > 0.0) last_kept = static_cast<int64_t>(i);
+  for (int64_t i = 0; i < n; ++i) {
+    const double w = weight(i);
+    total += w;
+    if (w > 0.0) last_kept = i;
   }
   const double target = static_cast<double>(u) * total;
   double cum = 0.0;
-  for (size_t i = 0; i < w.size(); ++i) {
-    if (w[i] <= 0.0) continue;
-    cum += w[i];
-    if (cum > target) return static_cast<int64_t>(i);
+  for (int64_t i = 0; i < n; ++i) {
+    const double w = weight(i);
+    if (w <= 0.0) continue;
+    cum += w;
+    if (cum > target) return i;
   }
   return last_kept;  // u * total rounded past the sum
+}
+inline int64_t SampleIndex(const std::vector<double>& w, float u) {
+  return SampleIndex(static_cast<int64_t>(w.size()), [&](int64_t i) { return w[i]; }, u);
 }
 
 // The k-th largest of x; -inf (keep all) unless 0 < k < n. Small k: a min-heap of the k largest
@@ -305,17 +312,20 @@ inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
   const int64_t workers = RowWorkers(kOp, num_threads, rows, kMinElementsPerWorker);
   host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
     const T* base = data_ptr<const T>(probs);
-    ForEachRow(rows.batch, n, workers, true, [&](int64_t b, RowScratch& own) {
-      std::vector<double>& w = own.weights;
+    ForEachRow(rows.batch, n, workers, false, [&](int64_t b, RowScratch&) {
       const T* row = base + b * rows.stride;
       float max_p = ToFloat(row[0]);
       for (int64_t i = 1; i < n; ++i) max_p = std::max(max_p, ToFloat(row[i]));
       const float threshold = mp[b] * max_p;  // float32, as on CUDA
-      for (int64_t i = 0; i < n; ++i) {
-        const float p = ToFloat(row[i]);
-        w[i] = p >= threshold ? static_cast<double>(p) : 0.0;
-      }
-      dst[b] = SampleIndex(w, u[b]);
+      // The kept probabilities straight from the row (a worker's cache holds it), no vector of
+      // doubles written and read back.
+      dst[b] = SampleIndex(
+          n,
+          [&](int64_t i) {
+            const float p = ToFloat(row[i]);
+            return p >= threshold ? static_cast<double>(p) : 0.0;
+          },
+          u[b]);
     });
   });
 }
