@@ -1642,11 +1642,8 @@ def decode_rows(spec: OpSpec) -> Iterator[Row]:
     for label, bad in (("None", None), ("'2'", "2"), ("1.5", 1.5)):
         yield raises(f"num_threads = {label}", setter(num_threads=bad), TYPE, "num_threads")
     yield from huge_int_rows("num_threads")
-    # CUDA ignores num_threads (decode_attention.cuh); the CPU refuses a negative count.
-    if on_cuda():
-        yield succeeds("num_threads = -1", setter(num_threads=-1))
-    else:
-        yield raises("num_threads = -1", setter(num_threads=-1), VALUE, "num_threads")
+    # CUDA ignores num_threads, but refuses a negative count as the CPU does.
+    yield raises("num_threads = -1", setter(num_threads=-1), VALUE, "num_threads")
     for threads in (0, 4, 2**40):
         yield succeeds(f"num_threads = {threads}", setter(num_threads=threads))
 
@@ -1923,10 +1920,7 @@ def prefill_common_rows(q_names: tuple[str, ...], extra: Callable[[torch.dtype],
     for label, bad in (("None", None), ("'2'", "2"), ("1.5", 1.5)):
         yield raises(f"num_threads = {label}", setter(num_threads=bad), TYPE, "num_threads")
     yield from huge_int_rows("num_threads")
-    if on_cuda():  # CUDA ignores num_threads
-        yield succeeds("num_threads = -1", setter(num_threads=-1))
-    else:
-        yield raises("num_threads = -1", setter(num_threads=-1), VALUE, "num_threads")
+    yield raises("num_threads = -1", setter(num_threads=-1), VALUE, "num_threads")  # on CUDA too
     for threads in (0, 3):
         yield succeeds(f"num_threads = {threads}", setter(num_threads=threads))
 

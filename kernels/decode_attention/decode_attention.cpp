@@ -71,8 +71,7 @@ inline void decode_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse,
   const auto a = mllm_kernel::decode_attention::VerifyDecodeAttention<kDLCPU>(
       out, lse, q, k_cache, v_cache, block_table, seq_lens, partial_out, partial_lse, k_scale, v_scale,
       k_scale_value, v_scale_value, scale, sliding_window, soft_cap, num_splits, error);
-  host::ValueCheck(num_threads >= 0, "decode_attention: num_threads must be >= 0 (0 or 1: the calling thread), got ",
-                   num_threads);
+  mllm_kernel::decode_attention::VerifyNumThreads(num_threads);
   const auto* table = data_ptr<const int32_t>(block_table);
   const auto* lens = data_ptr<const int32_t>(seq_lens);
   decode_attention_detail::CheckIndices(a, table, lens);

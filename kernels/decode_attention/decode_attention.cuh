@@ -923,7 +923,8 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
 
 /*!
  * \brief out, lse = attention of q [B, H, D] over each request's paged keys (arguments:
- * decode_attention.hpp); num_threads is the CPU's and ignored here. Asynchronous: no host sync.
+ * decode_attention.hpp); num_threads is the CPU's, checked and otherwise ignored here. Asynchronous:
+ * no host sync.
  */
 inline void decode_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse, tvm::ffi::TensorView q,
                              tvm::ffi::TensorView k_cache, tvm::ffi::TensorView v_cache,
@@ -932,7 +933,7 @@ inline void decode_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse,
                              tvm::ffi::TensorView k_scale, tvm::ffi::TensorView v_scale, double k_scale_value,
                              double v_scale_value, double scale, int64_t sliding_window, double soft_cap,
                              int64_t num_splits, int64_t num_threads, tvm::ffi::TensorView error) {
-  (void)num_threads;
+  mllm_kernel::decode_attention::VerifyNumThreads(num_threads);
   const auto a = mllm_kernel::decode_attention::VerifyDecodeAttention<kDLCUDA>(
       out, lse, q, k_cache, v_cache, block_table, seq_lens, partial_out, partial_lse, k_scale, v_scale,
       k_scale_value, v_scale_value, scale, sliding_window, soft_cap, num_splits, error);

@@ -210,6 +210,13 @@ MergeArgs VerifyMergeStates(tvm::ffi::TensorView v, tvm::ffi::TensorView lse, tv
   return {dtype.unwrap(), device.unwrap(), N.unwrap(), H.unwrap(), D.unwrap(), AS.unwrap(), BSt.unwrap()};
 }
 
+/*! \brief num_threads, the CPU's thread count (0 or 1: the calling thread), checked on every
+ *  device: CUDA ignores the value but refuses a negative one as the CPU does. */
+inline void VerifyNumThreads(int64_t num_threads) {
+  host::ValueCheck(num_threads >= 0, "decode_attention: num_threads must be >= 0 (0 or 1: the calling thread), got ",
+                   num_threads);
+}
+
 }  // namespace mllm_kernel::decode_attention
 
 #endif  // MLLM_KERNEL_KERNELS_DECODE_ATTENTION_HPP_

@@ -82,7 +82,7 @@ inline void prefill_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse
   constexpr const char* kOp = "prefill_attention";
   const auto a = mllm_kernel::prefill_attention::VerifyPrefill<kDLCPU>(out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                                        scale, causal, sliding_window, soft_cap, error);
-  host::ValueCheck(num_threads >= 0, kOp, ": num_threads must be >= 0 (0 or 1: the calling thread), got ", num_threads);
+  mllm_kernel::prefill_attention::VerifyNumThreads(kOp, num_threads);
   const auto* cq = data_ptr<const int32_t>(cu_seqlens_q);
   const auto* ck = data_ptr<const int32_t>(cu_seqlens_k);
   d::CheckPrefixSums(kOp, "cu_seqlens_q", cq, a.batch, a.total_q, "total_q (q.shape[0])");
@@ -119,7 +119,7 @@ inline void paged_prefill_attention(tvm::ffi::TensorView out, tvm::ffi::TensorVi
   const auto a = mllm_kernel::prefill_attention::VerifyPagedPrefill<kDLCPU>(
       out, lse, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, custom_mask, scale, causal, sliding_window,
       soft_cap, error);
-  host::ValueCheck(num_threads >= 0, kOp, ": num_threads must be >= 0 (0 or 1: the calling thread), got ", num_threads);
+  mllm_kernel::prefill_attention::VerifyNumThreads(kOp, num_threads);
   const auto* cq = data_ptr<const int32_t>(cu_seqlens_q);
   const auto* lens = data_ptr<const int32_t>(seq_lens);
   const auto* table = data_ptr<const int32_t>(block_table);

@@ -745,7 +745,7 @@ inline void prefill_attention(tvm::ffi::TensorView out, tvm::ffi::TensorView lse
                               bool causal, int64_t sliding_window, double soft_cap, int64_t num_threads,
                               tvm::ffi::TensorView error) {
   namespace d = prefill_attention_detail;
-  (void)num_threads;
+  prefill_attention::VerifyNumThreads("prefill_attention", num_threads);
   const auto a = prefill_attention::VerifyPrefill<kDLCUDA>(out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k, scale,
                                                            causal, sliding_window, soft_cap, error);
   d::CheckWorkspace("prefill_attention", a, workspace);
@@ -770,7 +770,7 @@ inline void paged_prefill_attention(tvm::ffi::TensorView out, tvm::ffi::TensorVi
                                     int64_t sliding_window, double soft_cap, int64_t num_threads,
                                     tvm::ffi::TensorView error) {
   namespace d = prefill_attention_detail;
-  (void)num_threads;
+  prefill_attention::VerifyNumThreads("paged_prefill_attention", num_threads);
   const auto a = prefill_attention::VerifyPagedPrefill<kDLCUDA>(out, lse, q, k_cache, v_cache, block_table,
                                                                 cu_seqlens_q, seq_lens, custom_mask, scale, causal,
                                                                 sliding_window, soft_cap, error);

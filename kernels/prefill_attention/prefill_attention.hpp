@@ -211,6 +211,12 @@ PrefillArgs VerifyPagedPrefill(tvm::ffi::TensorView out, tvm::ffi::TensorView ls
   return a;
 }
 
+/*! \brief num_threads, the CPU's thread count (0 or 1: the calling thread), checked on every
+ *  device: CUDA ignores the value but refuses a negative one as the CPU does. */
+inline void VerifyNumThreads(const char* op, int64_t num_threads) {
+  host::ValueCheck(num_threads >= 0, op, ": num_threads must be >= 0 (0 or 1: the calling thread), got ", num_threads);
+}
+
 }  // namespace mllm_kernel::prefill_attention
 
 #endif  // MLLM_KERNEL_KERNELS_PREFILL_ATTENTION_HPP_

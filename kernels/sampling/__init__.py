@@ -222,8 +222,11 @@ def _uniforms(op: str, name: str, x: torch.Tensor, generator) -> torch.Tensor:
 
 
 def _threads(op: str, num_threads) -> int:
-    """num_threads that is not an int: a TypeError naming it (the C++ side checks >= 1)."""
-    raise TypeError(f"{op}: num_threads must be an int >= 1, got {type(num_threads).__name__} {num_threads!r}")
+    """num_threads that is not an int >= 1: the error naming it, on every device (CUDA ignores
+    the value, but a bad one is still refused)."""
+    if type(num_threads) is not int:
+        raise TypeError(f"{op}: num_threads must be an int >= 1, got {type(num_threads).__name__} {num_threads!r}")
+    raise ValueError(f"{op}: num_threads must be >= 1, got {num_threads}")
 
 
 # ----------------------------------------------------------------------------- public API
@@ -233,7 +236,7 @@ def _threads(op: str, num_threads) -> int:
 
 def greedy_sample(logits: torch.Tensor, *, num_threads: int = 1) -> torch.Tensor:
     """argmax of each row of logits [batch, vocab] -> int64 [batch]."""
-    return _greedy_op(logits, num_threads if type(num_threads) is int else _threads("greedy_sample", num_threads))
+    return _greedy_op(logits, num_threads if type(num_threads) is int and num_threads >= 1 else _threads("greedy_sample", num_threads))
 
 
 def top_k_top_p_sample_from_uniforms(logits: torch.Tensor, uniforms: torch.Tensor, top_k, top_p, *,
@@ -241,7 +244,7 @@ def top_k_top_p_sample_from_uniforms(logits: torch.Tensor, uniforms: torch.Tenso
     """top_k_top_p_sample with the float32 [batch] uniforms in [0, 1) given."""
     if type(top_k) is not torch.Tensor or type(top_p) is not torch.Tensor:
         top_k, top_p = _top_k_top_p_params(logits, top_k, top_p)
-    if type(num_threads) is not int:
+    if type(num_threads) is not int or num_threads < 1:
         _threads("top_k_top_p_sample", num_threads)
     return _top_k_top_p_op(logits, uniforms, top_k, top_p, num_threads)
 
@@ -259,7 +262,7 @@ def min_p_sample_from_uniforms(probs: torch.Tensor, uniforms: torch.Tensor, min_
     """min_p_sample with the float32 [batch] uniforms in [0, 1) given."""
     if type(min_p) is not torch.Tensor:
         min_p = _min_p_param(probs, min_p)
-    if type(num_threads) is not int:
+    if type(num_threads) is not int or num_threads < 1:
         _threads("min_p_sample", num_threads)
     return _min_p_op(probs, uniforms, min_p, num_threads)
 
@@ -277,7 +280,7 @@ def top_k_mask_logits(logits: torch.Tensor, top_k, *, num_threads: int = 1) -> t
     if type(top_k) is not torch.Tensor:
         batch = _check_rows(logits, "top_k_mask_logits", "logits")
         top_k = _per_row(_scalar_top_k(top_k, "top_k_mask_logits"), batch, logits.device, torch.int64)
-    if type(num_threads) is not int:
+    if type(num_threads) is not int or num_threads < 1:
         _threads("top_k_mask_logits", num_threads)
     return _top_k_mask_op(logits, top_k, num_threads)
 
@@ -288,7 +291,7 @@ def top_k_renorm_probs(probs: torch.Tensor, top_k, *, num_threads: int = 1) -> t
     if type(top_k) is not torch.Tensor:
         batch = _check_rows(probs, "top_k_renorm_probs", "probs")
         top_k = _per_row(_scalar_top_k(top_k, "top_k_renorm_probs"), batch, probs.device, torch.int64)
-    if type(num_threads) is not int:
+    if type(num_threads) is not int or num_threads < 1:
         _threads("top_k_renorm_probs", num_threads)
     return _top_k_renorm_op(probs, top_k, num_threads)
 
@@ -301,6 +304,6 @@ def top_p_renorm_probs(probs: torch.Tensor, top_p, *, num_threads: int = 1) -> t
         batch = _check_rows(probs, "top_p_renorm_probs", "probs")
         top_p = _scalar_in_range(top_p, "top_p_renorm_probs", "top_p", 0.0, low_inclusive=False)
         top_p = _per_row(max(top_p, _MIN_TOP_P), batch, probs.device, torch.float32)
-    if type(num_threads) is not int:
+    if type(num_threads) is not int or num_threads < 1:
         _threads("top_p_renorm_probs", num_threads)
     return _top_p_renorm_op(probs, top_p, num_threads)

@@ -619,3 +619,30 @@ def test_cpu_thread_counts_give_the_same_results(dtype):
         mk.top_p_renorm_probs(probs, 0.5, num_threads=-2)
     with pytest.raises(TypeError, match="min_p_sample: num_threads must be an int >= 1, got float 2.0"):
         mk.min_p_sample(probs, 0.1, num_threads=2.0)
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_bad_num_threads_refused_on_every_device(device):
+    # CUDA ignores the thread count, but a bad one is refused there as on the CPU.
+    import mllm_kernel as mk
+
+    logits = torch.randn(2, 100, device=device)
+    probs = torch.softmax(logits, -1)
+    u = torch.rand(2, device=device)
+    calls = {
+        "greedy_sample": lambda n: mk.greedy_sample(logits, num_threads=n),
+        "top_k_top_p_sample": lambda n: mk.top_k_top_p_sample_from_uniforms(logits, u, 5, 0.9, num_threads=n),
+        "min_p_sample": lambda n: mk.min_p_sample_from_uniforms(probs, u, 0.1, num_threads=n),
+        "top_k_mask_logits": lambda n: mk.top_k_mask_logits(logits, 5, num_threads=n),
+        "top_k_renorm_probs": lambda n: mk.top_k_renorm_probs(probs, 5, num_threads=n),
+        "top_p_renorm_probs": lambda n: mk.top_p_renorm_probs(probs, 0.9, num_threads=n),
+        "softmax": lambda n: mk.softmax(logits, num_threads=n),
+        "log_softmax": lambda n: mk.log_softmax(logits, num_threads=n),
+    }
+    for name, call in calls.items():
+        call(3)  # any count >= 1 runs
+        for bad in (0, -1):
+            with pytest.raises(ValueError, match=f"{name}: num_threads must be >= 1, got {bad}"):
+                call(bad)
+        with pytest.raises(TypeError, match=f"{name}: num_threads must be an int >= 1, got NoneType"):
+            call(None)
+
