@@ -635,9 +635,7 @@ def test_bad_num_threads_refused_on_every_device(device):
         "top_k_mask_logits": lambda n: mk.top_k_mask_logits(logits, 5, num_threads=n),
         "top_k_renorm_probs": lambda n: mk.top_k_renorm_probs(probs, 5, num_threads=n),
         "top_p_renorm_probs": lambda n: mk.top_p_renorm_probs(probs, 0.9, num_threads=n),
-        "softmax": lambda n: mk.softmax(logits, num_threads=n),
-        "log_softmax": lambda n: mk.log_softmax(logits, num_threads=n),
-    }
+    }  # softmax and log_softmax: test_softmax.py
     for name, call in calls.items():
         call(3)  # any count >= 1 runs
         for bad in (0, -1):

@@ -310,3 +310,16 @@ def test_cpu_thread_counts_give_the_same_results(dtype):
         softmax(x, num_threads=0)
     with pytest.raises(TypeError, match="log_softmax: num_threads must be an int >= 1, got str"):
         log_softmax(x, num_threads="2")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_bad_num_threads_refused_on_every_device(device):
+    # CUDA ignores the thread count, but a bad one is refused there as on the CPU.
+    x = torch.randn(2, 100, device=device)
+    for name, fn in (("softmax", softmax), ("log_softmax", log_softmax)):
+        fn(x, num_threads=3)  # any count >= 1 runs
+        for bad in (0, -1):
+            with pytest.raises(ValueError, match=f"{name}: num_threads must be >= 1, got {bad}"):
+                fn(x, num_threads=bad)
+        with pytest.raises(TypeError, match=f"{name}: num_threads must be an int >= 1, got NoneType"):
+            fn(x, num_threads=None)
