@@ -62,7 +62,8 @@ constexpr int kChunk = device::kChunkElems;  // 16-bit elements per 16-byte chun
 constexpr int kStages = 2;   // tiles a warp holds in shared memory, all in flight while it waits
 
 // Shared memory of a CTA: q [kRows, D] (16-bit), then each warp's ring of K and V tiles [kTile, D]
-// of the cache's type, then for a float8 cache q's per-row scales. The epilogue reuses the regions for the warps' partial states ([kRows, D + 8] floats a warp).
+// of the cache's type, then for a float8 cache q's per-row scales. The epilogue reuses the regions
+// for the warps' partial states ([kRows, D + 8] floats a warp).
 template <int D>
 constexpr int kWarpBytes = kStages * 2 * kTile * D * 2;  // sized for 16-bit tiles (the epilogue needs it)
 template <int D, int kWarps, bool kFp8>
@@ -484,7 +485,8 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
 #pragma unroll
         for (int k = 0; k < kWords; ++k) {
           const int wi = lane * kWords + k;  // the row's word wi: chunk wi / 4, word wi % 4
-          x[k] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[4 * swizzle<D>(r, wi / 4) + wi % 4]));
+          const uint32_t* pair = &words[4 * swizzle<D>(r, wi / 4) + wi % 4];
+          x[k] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pair));
           if (fabsf(x[k].x) < INFINITY) largest = fmaxf(largest, fabsf(x[k].x));
           if (fabsf(x[k].y) < INFINITY) largest = fmaxf(largest, fabsf(x[k].y));
         }
@@ -584,7 +586,8 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
       for (int c = 0; c < 2; ++c) {
         float* at = my_rows + fp8_out_dim<D>(n, (lane % 4) * 2 + c);
         *reinterpret_cast<float2*>(at) = make_float2(o[n][c] * weight[0], o[n + 1][c] * weight[0]);
-        *reinterpret_cast<float2*>(at + 8 * kStride) = make_float2(o[n][c + 2] * weight[1], o[n + 1][c + 2] * weight[1]);
+        *reinterpret_cast<float2*>(at + 8 * kStride) =
+            make_float2(o[n][c + 2] * weight[1], o[n + 1][c + 2] * weight[1]);
       }
     }
   } else {

@@ -221,8 +221,8 @@ def _uniforms(op: str, name: str, x: torch.Tensor, generator) -> torch.Tensor:
     return torch.rand(batch, generator=generator, device=x.device, dtype=torch.float32)
 
 
-def _threads(op: str, num_threads) -> int:
-    """num_threads that is not an int >= 1: the error naming it, on every device (CUDA ignores
+def _threads(op: str, num_threads) -> None:
+    """Raises the error for a num_threads that is not an int >= 1, on every device (CUDA ignores
     the value, but a bad one is still refused)."""
     if type(num_threads) is not int:
         raise TypeError(f"{op}: num_threads must be an int >= 1, got {type(num_threads).__name__} {num_threads!r}")
@@ -236,7 +236,9 @@ def _threads(op: str, num_threads) -> int:
 
 def greedy_sample(logits: torch.Tensor, *, num_threads: int = 1) -> torch.Tensor:
     """argmax of each row of logits [batch, vocab] -> int64 [batch]."""
-    return _greedy_op(logits, num_threads if type(num_threads) is int and num_threads >= 1 else _threads("greedy_sample", num_threads))
+    if type(num_threads) is not int or num_threads < 1:
+        _threads("greedy_sample", num_threads)
+    return _greedy_op(logits, num_threads)
 
 
 def top_k_top_p_sample_from_uniforms(logits: torch.Tensor, uniforms: torch.Tensor, top_k, top_p, *,

@@ -65,8 +65,8 @@ def _(x: torch.Tensor, num_threads: int) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _check_threads(op: str, num_threads) -> int:
-    """num_threads that is not an int >= 1: the error naming it, on every device (CUDA ignores
+def _check_threads(op: str, num_threads) -> None:
+    """Raises the error for a num_threads that is not an int >= 1, on every device (CUDA ignores
     the value, but a bad one is still refused)."""
     if type(num_threads) is not int:
         raise TypeError(f"{op}: num_threads must be an int >= 1, got {type(num_threads).__name__} {num_threads!r}")
@@ -77,10 +77,14 @@ def softmax(x: torch.Tensor, temperature: float = 1.0, *, num_threads: int = 1) 
     """softmax(x / temperature) over the last dim (numerically stable: the row max is
     subtracted first). temperature must be > 0. num_threads (CPU; CUDA ignores it): rows over
     that many threads (a pool kept between calls); results do not depend on it."""
-    return _softmax(x, temperature, num_threads if type(num_threads) is int and num_threads >= 1 else _check_threads("softmax", num_threads))
+    if type(num_threads) is not int or num_threads < 1:
+        _check_threads("softmax", num_threads)
+    return _softmax(x, temperature, num_threads)
 
 
 def log_softmax(x: torch.Tensor, *, num_threads: int = 1) -> torch.Tensor:
     """log(softmax(x)) over the last dim, computed as (x - max) - log(sum(exp(x - max)));
     num_threads as for softmax."""
-    return _log_softmax(x, num_threads if type(num_threads) is int and num_threads >= 1 else _check_threads("log_softmax", num_threads))
+    if type(num_threads) is not int or num_threads < 1:
+        _check_threads("log_softmax", num_threads)
+    return _log_softmax(x, num_threads)
