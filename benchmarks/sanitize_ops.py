@@ -135,8 +135,8 @@ def prefill_attention_calls():
 
     gen = torch.Generator().manual_seed(0)
     lens_q, lens_k = [1, 130, 0, 17], [5, 130, 9, 300]
-    # On an H100/H200 both kernels by name (the Hopper one takes head_dim 64/128, and block size
-    # 7 through its cp.async path); elsewhere "sm90" raises, so only the automatic choice runs.
+    # On an H100/H200 both kernels by name (the Hopper one takes block sizes 7 and 1 through its
+    # cp.async path); elsewhere "sm90" raises, so only the automatic choice runs.
     backends = ("auto", "fa2", "sm90") if torch.cuda.get_device_capability() == (9, 0) else ("auto",)
     chosen = os.environ.get("MLLM_KERNEL_PREFILL_BACKEND")
     for backend, dtype in ((b, d) for b in backends for d in (torch.float16, torch.bfloat16)):

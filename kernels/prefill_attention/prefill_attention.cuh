@@ -2,7 +2,7 @@
  * \file kernels/prefill_attention/prefill_attention.cuh
  * \brief CUDA prefill attention over ragged K/V or the paged KV cache, on torch's current stream
  * (arguments: prefill_attention.hpp): FlashAttention-2 style with mma.sync tensor cores (sm_80+,
- * this file), or on sm_90a for head_dim 64 and 128 the Hopper kernel of
+ * this file), or on sm_90a the Hopper kernel of
  * prefill_attention_sm90.cuh (wgmma, TMA, warp specialization), chosen by LaunchPrefill.
  *
  * Includable: the JIT runtime compiles a .cu wrapper that #includes this file and exports
@@ -609,7 +609,6 @@ inline std::string_view PrefillBackend() {
  */
 template <typename T, int D, bool kPaged>
 bool HasSm90(int device, std::string_view backend) {
-  if (D > 128) return false;
   constexpr int kMaxCachedDevices = 64;
   static std::atomic<int> cache[kMaxCachedDevices] = {};  // 0: not queried, 1: yes, 2: no
   int known = device >= 0 && device < kMaxCachedDevices ? cache[device].load(std::memory_order_relaxed) : 0;
@@ -633,21 +632,17 @@ bool HasSm90(int device, std::string_view backend) {
 
 template <typename T, int D, bool kPaged>
 void LaunchPrefill(const PrefillParams<T>& p, DLDevice device) {
-  if constexpr (D <= 128) {
-    namespace h = prefill_attention_sm90;
-    const std::string_view backend = PrefillBackend();
-    // Automatically, paged caches whose pages the Hopper kernel cannot copy by TMA (block size 1,
-    // odd sizes) stay on the mma.sync kernel, which copies them faster.
-    if (backend != "fa2" && HasSm90<T, D, kPaged>(device.device_id, backend) &&
-        (!kPaged || backend == "sm90" || h::PagedBoxRows(p.block_size.d) > 0)) {
-      const h::TmaMaps maps = h::MakeTmaMaps<T, D, kPaged>(p);
-      host::LaunchKernel(1, kPlanThreads, device).enable_pdl(true)(PlanKernel<T>, p);
-      host::LaunchKernel(dim3(p.max_work, p.num_heads), h::kThreads, device, h::kSmemBytes<D>)
-          .enable_pdl(true)(h::PrefillKernelSm90<T, D, kPaged>, p, maps);
-      return;
-    }
-  } else {
-    PrefillBackend();  // a misspelt name is an error at every head_dim
+  namespace h = prefill_attention_sm90;
+  const std::string_view backend = PrefillBackend();
+  // Automatically, paged caches whose pages the Hopper kernel cannot copy by TMA (block size 1,
+  // odd sizes) stay on the mma.sync kernel, which copies them faster.
+  if (backend != "fa2" && HasSm90<T, D, kPaged>(device.device_id, backend) &&
+      (!kPaged || backend == "sm90" || h::PagedBoxRows<D>(p.block_size.d) > 0)) {
+    const h::TmaMaps maps = h::MakeTmaMaps<T, D, kPaged>(p);
+    host::LaunchKernel(1, kPlanThreads, device).enable_pdl(true)(PlanKernel<T>, p);
+    host::LaunchKernel(dim3(p.max_work, p.num_heads), h::kThreads, device, h::kSmemBytes<D>)
+        .enable_pdl(true)(h::PrefillKernelSm90<T, D, kPaged>, p, maps);
+    return;
   }
   const int64_t limit = host::MaxSharedMemoryPerBlock(device.device_id);
   host::ValueCheck(kSmemBytes<D> <= limit, kPaged ? "paged_prefill_attention" : "prefill_attention", ": head_dim ", D,

@@ -2,16 +2,16 @@
  * \file kernels/prefill_attention/prefill_attention_sm90.cuh
  * \brief The Hopper (sm_90a) path of prefill attention: wgmma tensor-core products fed by a
  * producer warpgroup (warp specialization), included by prefill_attention.cuh, which picks it on
- * GPUs whose binary has it (HasSm90) for head_dim 64 and 128.
+ * GPUs whose binary has it (HasSm90), at every head_dim (64, 128, 256).
  *
  * One CTA per (work item of PlanKernel, query head), 384 threads in three warpgroups:
  *  - warpgroup 0 is the producer. Its thread 0 copies the Q tile with TMA; warps 0-1 copy each
- *    K tile of kBlockN keys and warps 2-3 each V tile into two-stage rings, on barriers of their
+ *    K tile of kBlockN keys and warps 2-3 each V tile into rings of kStages (Shape<D>), on barriers of their
  *    own ("full", "empty"). Whole tiles of a request's keys go by TMA (ragged K/V, or pages of 16
  *    to 128 rows that tile kBlockN); the rest (a request's last partial tile, small or odd pages,
  *    a bad block id) by cp.async, which zero-fills keys that must not be read.
  *  - warpgroups 1 and 2 are consumers of 64 query rows each: S = Q K^T with shared-memory
- *    operands (wgmma m64n128k16), the online softmax in registers, O += P V with P from
+ *    operands (wgmma m64nkBlockNk16), the online softmax in registers, O += P V with P from
  *    registers and V transposed by the descriptor. O += P V of tile kt - 1 is issued with S of
  *    tile kt and runs during its softmax; the two consumers take turns issuing (named barriers),
  *    so one's softmax overlaps the other's products.
@@ -255,26 +255,93 @@ struct Wgmma<bf16_t, 128> {
   }
 };
 
+template <>
+struct Wgmma<fp16_t, 256> {  // O += P V at head_dim 256 (S there is m64n64)
+  /*! \brief d (+)= A (registers, the m16n8k16 A layout per warp) * B (smem, MN-major). */
+  static __device__ __forceinline__ void rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  }
+};
+
+template <>
+struct Wgmma<bf16_t, 256> {  // O += P V at head_dim 256 (S there is m64n64)
+  /*! \brief d (+)= A (registers, the m16n8k16 A layout per warp) * B (smem, MN-major). */
+  static __device__ __forceinline__ void rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  }
+};
+
 // ---------------------------------------------------------------------------- the kernel
 
 namespace pa = prefill_attention_detail;
 
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
-constexpr int kBlockN = 128;   // keys per tile: S is 64 x 128 per consumer warpgroup
-constexpr int kStages = 3;  // at head_dim 128: 32 KiB of Q + 3 x 64 KiB of K/V, just under the 227 KiB a block may use
-constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 64K
 static_assert(pa::kBlockM == 128, "two consumer warpgroups of 64 rows cover one work item");
+
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 64K
+
+/*!
+ * \brief The tile shape per head_dim. Keys per tile: S is 64 x kBlockN per consumer warpgroup, O
+ * 64 x D (at head_dim 256 a consumer thread holds 128 floats of O, 32 of S and 16 words of P,
+ * within its 224 registers). Stages: as many K/V tiles as fit next to Q in the 227 KiB a block
+ * may use (head_dim 128: 32 KiB of Q + 3 x 64 KiB; 256: 64 KiB + 2 x 64 KiB).
+ */
+template <int D>
+struct Shape {
+  static constexpr int kBlockN = D <= 128 ? 128 : 64;
+  static constexpr int kStages = D <= 128 ? 3 : 2;
+};
+constexpr int kMaxStages = 3;
 
 /*! \brief Dynamic shared memory: Q, the K/V ring, key flags; plus slack to align the tiles to 1024 bytes. */
 template <int D>
-constexpr int kSmemBytes = 1024 + (pa::kBlockM * D + kStages * 2 * kBlockN * D) * 2 + kStages * kBlockN;
+constexpr int kSmemBytes =
+    1024 + (pa::kBlockM * D + Shape<D>::kStages * 2 * Shape<D>::kBlockN * D) * 2 + Shape<D>::kStages * Shape<D>::kBlockN;
 
-struct Barriers {
+struct Barriers {  // the first Shape<D>::kStages of each ring are used
   uint64_t q_full;             // the producer's TMA copy of Q landed
-  uint64_t k_full[kStages];    // its 64 K loaders: the stage's K tile (and key flags) landed
-  uint64_t v_full[kStages];    // its 64 V loaders: the stage's V tile landed
-  uint64_t k_empty[kStages];   // the consumers' 256 threads: done with the stage's K tile
-  uint64_t v_empty[kStages];   // ... and with its V tile
+  uint64_t k_full[kMaxStages];    // its 64 K loaders: the stage's K tile (and key flags) landed
+  uint64_t v_full[kMaxStages];    // its 64 V loaders: the stage's V tile landed
+  uint64_t k_empty[kMaxStages];   // the consumers' 256 threads: done with the stage's K tile
+  uint64_t v_empty[kMaxStages];   // ... and with its V tile
 };
 
 /*!
@@ -328,7 +395,9 @@ inline void EncodeTokensMap(CUtensorMap* map, const T* base, int64_t tokens, int
  * \brief Rows per paged box: whole pages of 16 to 128 rows that tile kBlockN, or kBlockN rows of
  * larger pages that kBlockN divides; 0 (cp.async only) for other block sizes.
  */
+template <int D>
 inline int PagedBoxRows(int64_t block_size) {
+  constexpr int kBlockN = Shape<D>::kBlockN;
   if (block_size >= 16 && block_size <= kBlockN && kBlockN % block_size == 0) return static_cast<int>(block_size);
   if (block_size > kBlockN && block_size % kBlockN == 0) return kBlockN;
   return 0;
@@ -336,12 +405,13 @@ inline int PagedBoxRows(int64_t block_size) {
 
 template <typename T, int D, bool kPaged>
 TmaMaps MakeTmaMaps(const pa::PrefillParams<T>& p) {
+  constexpr int kBlockN = Shape<D>::kBlockN;
   TmaMaps maps{};
   EncodeTokensMap(&maps.q, p.q, p.total_q, p.num_heads, p.q_stride, D, pa::kBlockM, "q");
   if constexpr (!kPaged) {
     EncodeTokensMap(&maps.k, p.k, p.total_k, p.num_kv_heads, p.k_stride, D, kBlockN, "k");
     EncodeTokensMap(&maps.v, p.v, p.total_k, p.num_kv_heads, p.v_stride, D, kBlockN, "v");
-  } else if (const int rows = PagedBoxRows(p.block_size.d); rows > 0 && p.num_blocks > 0) {
+  } else if (const int rows = PagedBoxRows<D>(p.block_size.d); rows > 0 && p.num_blocks > 0) {
     const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(p.num_kv_heads), cuuint64_t(p.block_size.d),
                                 cuuint64_t(p.num_blocks)};
     const cuuint32_t box[4] = {64, 1, cuuint32_t(rows), 1};
@@ -359,6 +429,7 @@ template <typename T, int D, bool kPaged>
 __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::PrefillParams<T> p, const __grid_constant__ TmaMaps maps) {
 #ifdef MLLM_KERNEL_PREFILL_SM90_BODY
   using pa::kBlockM;
+  constexpr int kBlockN = Shape<D>::kBlockN, kStages = Shape<D>::kStages;
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kTileBytes = kBlockN * D * 2;
   __shared__ Barriers bars;  // static shared memory: what HasSm90 looks for

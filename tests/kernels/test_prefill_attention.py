@@ -286,7 +286,8 @@ def test_cuda_last_row_matches_decode(dtype):
 
 
 # The CUDA tests above run the automatic choice: on an H100/H200 the Hopper kernel (wgmma, warp
-# specialization) for head_dim 64 and 128, the mma.sync kernel elsewhere. This one runs the same
+# specialization), the mma.sync kernel elsewhere (and for paged caches of pages TMA cannot copy
+# whole, block size 1 here; forcing "sm90" takes them too). This one runs the same
 # kinds of case through each kernel by name (MLLM_KERNEL_PREFILL_BACKEND), so both stay tested on
 # a Hopper GPU; "sm90" must exist there (the wheel builds sm_90a).
 def check_backend(dtype, head_dim, gen):
@@ -298,7 +299,7 @@ def check_backend(dtype, head_dim, gen):
     case = make_ragged_case(*CUDA_LONG, *heads, head_dim, dtype, "cuda", gen, q_scale=4.0)
     run_ragged(case, dtype, "long, cap", logits_soft_cap=30.0)
     run_ragged(case, dtype, "long, window", sliding_window=300)
-    for block_size in (1, 16):
+    for block_size in (1, 16, 128):  # 128: TMA boxes of a page slice at head_dim 256, whole pages below
         paged = make_paged_prefill_case(*CUDA_LONG_PREFIX, *heads, head_dim, block_size, dtype, "cuda", gen)
         run_paged(paged, dtype, f"paged, block {block_size}")
     lens_q, lens_k = [5, 1, 130, 9], [37, 1, 300, 9]
@@ -308,7 +309,7 @@ def check_backend(dtype, head_dim, gen):
 
 @cuda_only
 @pytest.mark.parametrize("backend", ["fa2", "sm90"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
 def test_cuda_backend(dtype, head_dim, backend, monkeypatch):
     if backend == "sm90" and torch.cuda.get_device_capability() != (9, 0):
