@@ -652,8 +652,21 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
     }
     const bool masked = use_mask || key0 + kBlockN > hi || bad_block ||
                         (upper && key0 + kBlockN - 1 > warp_pos_min) || (p.window > 0 && key0 <= warp_pos_max - p.window);
+    // A row keeps one range of the tile's keys, [window start, min(its position, end of keys)]:
+    // first / last are columns relative to the lane's 2 (lane % 4), two compares a logit. A custom
+    // mask or a bad block id (a key flag of 0) makes every key a lookup, into keep_bits.
+    const bool per_key = use_mask || bad_block;
+    int first[2], last[2];
     uint32_t keep_bits[2] = {~0u, ~0u};  // bit 2 n + e: column 8 n + 2 (lane % 4) + e
     if (masked) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int qpos = pos[h], lane_key0 = key0 + (lane % 4) * 2;
+        last[h] = (upper ? min(hi - 1, qpos) : hi - 1) - lane_key0;
+        first[h] = p.window > 0 ? qpos - p.window + 1 - lane_key0 : -kBlockN;
+      }
+    }
+    if (masked && per_key) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int qpos = pos[h], j = qpos - shift;
@@ -683,8 +696,9 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
     if (masked) {  // after the cap: tanh(-inf) would be -1
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) {
-        const int n = i / 4, c = i % 4;
-        if (!((keep_bits[c / 2] >> (2 * n + (c & 1))) & 1u)) s[i] = -INFINITY;
+        const int n = i / 4, c = i % 4, h = c / 2, col = 8 * n + (c & 1);
+        const bool keep = per_key ? (keep_bits[h] >> (2 * n + (c & 1))) & 1u : col >= first[h] && col <= last[h];
+        if (!keep) s[i] = -INFINITY;
       }
     }
     float row_max[2] = {-INFINITY, -INFINITY};
