@@ -11,7 +11,7 @@
 #
 # Everything lives under MLLM_REMOTE_STATE (default ~/.cache/mllm_kernel_remote): the venv, the
 # server's configuration, its storage, logs and pid files. MLLM_REMOTE_PORT: default 50051;
-# MLLM_REMOTE_PG_PORT (the scheduler's PostgreSQL): default 55432.
+# MLLM_REMOTE_PG_PORT / MLLM_REMOTE_PG_DIR: the scheduler's PostgreSQL (default 55432; see PG_DIR).
 # Then: bazel build --config=remote-cache //:wheel, or --config=remote (.bazelrc; README "Remote cache").
 set -euo pipefail
 BUILDGRID_VERSION=0.4.4
@@ -24,6 +24,9 @@ ADDRESS=127.0.0.1:$PORT
 HERE=$(cd "$(dirname "$0")" && pwd)
 PIDFILE=$STATE/buildgrid.pid
 SID=$STATE/buildbox  # buildbox and the Debian sid libraries it needs, unpacked (never installed)
+# The scheduler's PostgreSQL cluster (jobs only: the caches live in BuildGrid's storage). As root
+# its server runs as nobody, who may not reach into root's home, so it then lives under /tmp.
+if [[ $EUID == 0 ]]; then PG_DIR=${MLLM_REMOTE_PG_DIR:-/tmp/mllm_kernel_remote_pg}; else PG_DIR=${MLLM_REMOTE_PG_DIR:-$STATE/pg}; fi
 
 running() { [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 answers() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
@@ -59,23 +62,24 @@ start_buildgrid() {
   exit 1
 }
 
-start_postgres() {  # a private cluster under $STATE/pg on 127.0.0.1:$PG_PORT, database bgd with BuildGrid's tables
+start_postgres() {  # a private cluster in $PG_DIR on 127.0.0.1:$PG_PORT, database bgd with BuildGrid's tables
   local bin
   bin=$(pg_bin)
-  mkdir -p "$STATE/pg"
-  [[ $EUID == 0 ]] && chown nobody:nogroup "$STATE/pg"
-  if [[ ! -f $STATE/pg/data/PG_VERSION ]]; then
-    as_db_user "$bin/initdb" -D "$STATE/pg/data" -U bgd --auth=trust > "$STATE/pg/initdb.log" 2>&1
+  mkdir -p "$PG_DIR"
+  [[ $EUID == 0 ]] && chown nobody:nogroup "$PG_DIR" && chmod 700 "$PG_DIR"
+  if [[ ! -f $PG_DIR/data/PG_VERSION ]]; then
+    as_db_user "$bin/initdb" -D "$PG_DIR/data" -U bgd --auth=trust > "$STATE/pg-initdb.log" 2>&1 || {
+      echo "services.sh: initdb failed ($STATE/pg-initdb.log)" >&2; exit 1; }
   fi
-  as_db_user "$bin/pg_ctl" -D "$STATE/pg/data" status > /dev/null 2>&1 ||
-    as_db_user "$bin/pg_ctl" -D "$STATE/pg/data" -l "$STATE/pg/server.log" -w -t 30 \
-      -o "-h 127.0.0.1 -p $PG_PORT -k $STATE/pg -c jit=off" start > /dev/null
+  as_db_user "$bin/pg_ctl" -D "$PG_DIR/data" status > /dev/null 2>&1 ||
+    as_db_user "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 30 \
+      -o "-h 127.0.0.1 -p $PG_PORT -k $PG_DIR -c jit=off" start > /dev/null
   "$bin/psql" -h 127.0.0.1 -p "$PG_PORT" -U bgd -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'bgd'" |
     grep -q 1 || "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U bgd bgd
   "$STATE/venv/bin/python" -c "
 import sqlalchemy, buildgrid.server.sql.models as m
 m.Base.metadata.create_all(sqlalchemy.create_engine('postgresql+psycopg2://bgd@127.0.0.1:$PG_PORT/bgd'))"
-  echo "PostgreSQL on 127.0.0.1:$PG_PORT (data: $STATE/pg/data)"
+  echo "PostgreSQL on 127.0.0.1:$PG_PORT (data: $PG_DIR/data)"
 }
 
 start_workers() {  # buildbox-casd (the workers' local CAS, backed by BuildGrid's) and $1 workers
@@ -165,8 +169,8 @@ case "${1:-}" in
       echo "BuildGrid is not running"
       rm -f "$PIDFILE"
     fi
-    if [[ -f $STATE/pg/data/postmaster.pid ]] && bin=$(pg_bin 2> /dev/null); then
-      as_db_user "$bin/pg_ctl" -D "$STATE/pg/data" -m fast -w stop > /dev/null 2>&1 && echo "PostgreSQL stopped" || true
+    if [[ -f $PG_DIR/data/postmaster.pid ]] && bin=$(pg_bin 2> /dev/null); then
+      as_db_user "$bin/pg_ctl" -D "$PG_DIR/data" -m fast -w stop > /dev/null 2>&1 && echo "PostgreSQL stopped" || true
     fi
     ;;
   status)
