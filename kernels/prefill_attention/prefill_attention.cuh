@@ -86,17 +86,21 @@ struct Request {
 };
 
 /*!
- * \brief The workspace (int32): mask offsets int64 [B], then num_work and a pad, then Request [B],
- * then the work list int2 [max_work] = {request, tile}. WorkspaceInts() is its size.
+ * \brief The workspace (int32): mask offsets int64 [B], then num_work and next_unit (the Hopper
+ * kernel's work counter, zeroed by the plan), then Request [B], then the work list int2
+ * [max_work] = {request, tile}. WorkspaceInts() is its size. Each call has its own (allocated on
+ * its stream), so no counter is shared by two calls in flight.
  */
 struct Workspace {
   int64_t* mask_offset;
   int* num_work;
+  int* next_unit;
   Request* requests;
   int2* work;
   __host__ __device__ Workspace(int32_t* base, int64_t batch)
       : mask_offset(reinterpret_cast<int64_t*>(base)),
         num_work(base + 2 * batch),
+        next_unit(base + 2 * batch + 1),
         requests(reinterpret_cast<Request*>(base + 2 * batch + 2)),
         work(reinterpret_cast<int2*>(base + 2 * batch + 2 + 4 * batch)) {}
 };
@@ -275,7 +279,10 @@ __global__ void __launch_bounds__(kPlanThreads) PlanKernel(const PrefillParams<T
     carry += chunk_total;
   }
   // Only clamped lengths that overlap (a bad cu_seqlens_q, recorded above) can overflow the list.
-  if (threadIdx.x == 0) *ws.num_work = min(carry, p.max_work);
+  if (threadIdx.x == 0) {
+    *ws.num_work = min(carry, p.max_work);
+    *ws.next_unit = 0;
+  }
 }
 
 // ---------------------------------------------------------------------------- attention
@@ -640,8 +647,9 @@ void LaunchPrefill(const PrefillParams<T>& p, DLDevice device) {
       (!kPaged || backend == "sm90" || h::PagedBoxRows<D>(p.block_size.d) > 0)) {
     const h::TmaMaps maps = h::MakeTmaMaps<T, D, kPaged>(p);
     host::LaunchKernel(1, kPlanThreads, device).enable_pdl(true)(PlanKernel<T>, p);
-    host::LaunchKernel(dim3(p.max_work, p.num_heads), h::kThreads, device, h::kSmemBytes<D>)
-        .enable_pdl(true)(h::PrefillKernelSm90<T, D, kPaged>, p, maps);
+    const int64_t units = int64_t{p.max_work} * p.num_heads;  // an upper bound: the plan counts them
+    const int grid = static_cast<int>(std::min<int64_t>(units, host::MultiProcessorCount(device.device_id)));
+    host::LaunchKernel(grid, h::kThreads, device, h::kSmemBytes<D>).enable_pdl(true)(h::PrefillKernelSm90<T, D, kPaged>, p, maps);
     return;
   }
   const int64_t limit = host::MaxSharedMemoryPerBlock(device.device_id);
@@ -658,7 +666,9 @@ template <typename T>
 void Prefill(const prefill_attention::PrefillArgs& a, PrefillParams<T>& p) {
   const char* op = a.paged ? "paged_prefill_attention" : "prefill_attention";
   host::ValueCheck(a.num_heads < 65536, op, ": num_heads must be < 65536 on CUDA, got ", a.num_heads);
-  host::ValueCheck(MaxWork(a.total_q, a.batch) < (int64_t{1} << 31), op, ": the batch has too many query tiles");
+  // The Hopper kernel numbers (query tile, head) units in an int, with a grid's worth to spare.
+  host::ValueCheck(MaxWork(a.total_q, a.batch) * a.num_heads < (int64_t{1} << 30), op,
+                   ": the batch has too many query tiles x heads");
   const auto aligned = [](const void* ptr, int64_t stride) {
     return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && stride * 2 % 16 == 0;
   };

@@ -4,10 +4,12 @@
  * producer warpgroup (warp specialization), included by prefill_attention.cuh, which picks it on
  * GPUs whose binary has it (HasSm90), at every head_dim (64, 128, 256).
  *
- * One CTA per (work item of PlanKernel, query head), 384 threads in three warpgroups:
- *  - warpgroup 0 is the producer. Its thread 0 copies the Q tile with TMA; warps 0-1 copy each
- *    K tile of kBlockN keys and warps 2-3 each V tile into rings of kStages (Shape<D>), on barriers of their
- *    own ("full", "empty"). Whole tiles of a request's keys go by TMA (ragged K/V, or pages of 16
+ * Persistent: one CTA per SM, 384 threads in three warpgroups, runs units of work (a work item of
+ * PlanKernel for one query head) until none is left, taking each next one from a counter the plan
+ * zeroes (greedy, longest items first), so that one unit's loads overlap the last one's tail.
+ *  - warpgroup 0 is the producer. Its thread 64 copies each unit's Q tile with TMA; warps 0-1 copy
+ *    each K tile of kBlockN keys and warps 2-3 each V tile into rings of kStages (Shape<D>) that
+ *    run on across units, on barriers of their own ("full", "empty"). Whole tiles of a request's keys go by TMA (ragged K/V, or pages of 16
  *    to 128 rows that tile kBlockN); the rest (a request's last partial tile, small or odd pages,
  *    a bad block id) by cp.async, which zero-fills keys that must not be read.
  *  - warpgroups 1 and 2 are consumers of 64 query rows each: S = Q K^T with shared-memory
@@ -315,12 +317,32 @@ template <int D>
 constexpr int kSmemBytes =
     1024 + (pa::kBlockM * D + Shape<D>::kStages * 2 * Shape<D>::kBlockN * D) * 2 + Shape<D>::kStages * Shape<D>::kBlockN;
 
-struct Barriers {  // the first Shape<D>::kStages of each ring are used
-  uint64_t q_full;             // the producer's TMA copy of Q landed
+/*! \brief One unit of work: a work item of the plan (128 query rows of a request) for one query head. */
+struct Unit {
+  int index;  // >= the number of units: no more work
+  int request, head, row0, rows;
+  pa::Request req;
+  int shift;            // query j sits at position j + shift
+  int lo, hi;           // the keys the unit's rows can see: [lo, hi)
+  int num_tiles;        // ... in tiles of kBlockN
+};
+
+/*!
+ * \brief What a CTA's warpgroups share besides the tiles. Each CTA runs units until none is left
+ * (one CTA per SM, persistent): the producer's thread 0 takes the CTA's unit j from the plan's
+ * counter and writes it to unit[j % 2] for the producer warpgroup (bar.sync 3); thread 64 copies it
+ * to handed[j % 2] for the consumers with its Q (q_full) once they are done with unit j - 1's Q
+ * (q_empty). The units stay in shared memory, read where needed, rather than in registers.
+ */
+struct CtaState {  // the first Shape<D>::kStages of each ring are used
+  uint64_t q_full;                // thread 64: the unit handed on and, when it has keys, its Q landed
+  uint64_t q_empty;               // the consumers' 256 threads: the unit's last S = Q K^T is done
   uint64_t k_full[kMaxStages];    // its 64 K loaders: the stage's K tile (and key flags) landed
   uint64_t v_full[kMaxStages];    // its 64 V loaders: the stage's V tile landed
   uint64_t k_empty[kMaxStages];   // the consumers' 256 threads: done with the stage's K tile
   uint64_t v_empty[kMaxStages];   // ... and with its V tile
+  Unit unit[2];
+  Unit handed[2];
 };
 
 /*!
@@ -411,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
   constexpr int kBlockN = Shape<D>::kBlockN, kStages = Shape<D>::kStages;
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kTileBytes = kBlockN * D * 2;
-  __shared__ Barriers bars;  // static shared memory: what HasSm90 looks for
+  __shared__ CtaState cta;  // static shared memory: what HasSm90 looks for
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* q_tile = smem_raw + (1024 - smem_address(smem_raw) % 1024) % 1024;  // [kBlockM, D]
   unsigned char* kv_tiles = q_tile + kBlockM * D * 2;         // [kStages][K, V][kBlockN, D]
@@ -419,145 +441,178 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
 
   device::pdl_wait_primary();  // the plan (and q, k, v from earlier kernels)
   const pa::Workspace ws(p.workspace, p.batch);
-  if (static_cast<int>(blockIdx.x) >= *ws.num_work) return;
-  const int2 item = ws.work[blockIdx.x];
-  const pa::Request req = ws.requests[item.x];
-  const int b = item.x, head = blockIdx.y, kvh = head / p.group;
-  const int row0 = item.y * kBlockM;
-  const int rows = min(kBlockM, req.len_q - row0);
-  const int shift = req.len_k - req.len_q;  // query j sits at position j + shift
+  const int num_units = *ws.num_work * p.num_heads;
   const bool use_mask = p.mask != nullptr;
   const bool upper = (p.causal && !use_mask) || p.window > 0;  // keys past a query's position are masked
-  int hi = req.len_k, lo = 0;  // keys the tile's rows can see: [lo, hi)
-  if (upper) hi = max(0, min(hi, row0 + rows - 1 + shift + 1));
-  if (p.window > 0) lo = max(0, row0 + shift - p.window + 1);
-  const int num_tiles = hi > lo ? (hi - lo + kBlockN - 1) / kBlockN : 0;
 
   if (threadIdx.x == 0) {
-    mbarrier_init(&bars.q_full, 1);
+    mbarrier_init(&cta.q_full, 1);
+    mbarrier_init(&cta.q_empty, 256);
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&bars.k_full[s], 64);
-      mbarrier_init(&bars.v_full[s], 64);
-      mbarrier_init(&bars.k_empty[s], 256);
-      mbarrier_init(&bars.v_empty[s], 256);
+      mbarrier_init(&cta.k_full[s], 64);
+      mbarrier_init(&cta.v_full[s], 64);
+      mbarrier_init(&cta.k_empty[s], 256);
+      mbarrier_init(&cta.v_empty[s], 256);
     }
   }
   __syncthreads();
 
+
   if (threadIdx.x < 128) {
     // ------------------------------------------------------------ producer warpgroup
     registers_decrease<kProducerRegs>();
-    if (num_tiles == 0) return;
     const int t = threadIdx.x;
-    if (t == 0) {  // Q: D / 64 boxes; rows past the request are another's (never written back) or zeros
-      mbarrier_arrive_expect_tx(&bars.q_full, kBlockM * D * 2);
-      for (int c = 0; c < D / 64; ++c) {
-        tma_load_3d(q_tile + c * kBlockM * 128, &maps.q, c * 64, head, req.q_start + row0, &bars.q_full);
-      }
-    }
     // Warps 0-1 copy K tiles (and write the key flags), warps 2-3 V tiles, each on its own
-    // barriers: a K tile is handed over as soon as it lands, whatever V is doing.
+    // barriers: a K tile is handed over as soon as it lands, whatever V is doing. Thread 64 also
+    // copies each unit's Q once the previous unit's last S = Q K^T is done (V tiles are needed
+    // last, so their wait costs least).
     const bool loads_k = t < 64;
-    uint64_t* full = loads_k ? bars.k_full : bars.v_full;
-    uint64_t* empty = loads_k ? bars.k_empty : bars.v_empty;
+    uint64_t* full = loads_k ? cta.k_full : cta.v_full;
+    uint64_t* empty = loads_k ? cta.k_empty : cta.v_empty;
     const T* src_base = loads_k ? p.k : p.v;
     const int64_t src_stride = loads_k ? p.k_stride : p.v_stride;
-    const int32_t* table = kPaged ? p.block_table + static_cast<int64_t>(b) * p.table_stride : nullptr;
     const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * D;
-    for (int kt = 0; kt < num_tiles; ++kt) {
-      const int stage = kt % kStages;
-      const int key0 = lo + kt * kBlockN;
-      // Paged: the tile's block ids, read before waiting for the stage (their latency overlaps
-      // the wait); the tile goes by TMA when they are all valid.
-      constexpr int kMaxBoxes = kBlockN / 16;
-      int32_t blocks[kMaxBoxes];
-      bool paged_tma = false;
-      if constexpr (kPaged) {
-        if (maps.paged_rows > 0 && key0 + kBlockN <= hi && key0 % maps.paged_rows == 0) {
-          paged_tma = true;
-#pragma unroll
-          for (int i = 0; i < kMaxBoxes; ++i) {
-            if (i < kBlockN / maps.paged_rows) {
-              blocks[i] = table[p.block_size.div(static_cast<uint32_t>(key0 + i * maps.paged_rows))];
-              paged_tma = paged_tma && blocks[i] >= 0 && blocks[i] < p.num_blocks;
-            }
-          }
+    int g = 0;  // tiles this CTA has copied: tile g goes to stage g % kStages
+    for (int j = 0;; ++j) {
+      Unit& u = cta.unit[j % 2];
+      if (t == 0) {  // the CTA's first unit is its own number, later ones come from the plan's counter
+        const int index = j == 0 ? static_cast<int>(blockIdx.x) : static_cast<int>(gridDim.x) + atomicAdd(ws.next_unit, 1);
+        u.index = index;
+        if (index < num_units) {
+          // Units in the order (KV head, work item, query head of its group): the CTAs at work at
+          // one time share few K/V heads (which stay in L2), and each KV head's items come longest first.
+          const int num_items = *ws.num_work, in_group = index % p.group, rest = index / p.group;
+          const int2 item = ws.work[rest % num_items];
+          const pa::Request req = ws.requests[item.x];
+          const int row0 = item.y * kBlockM, rows = min(kBlockM, req.len_q - row0), shift = req.len_k - req.len_q;
+          int lo = 0, hi = req.len_k;
+          if (upper) hi = max(0, min(hi, row0 + rows - 1 + shift + 1));
+          if (p.window > 0) lo = max(0, row0 + shift - p.window + 1);
+          u.request = item.x;
+          u.head = rest / num_items * p.group + in_group;
+          u.row0 = row0;
+          u.rows = rows;
+          u.req = req;
+          u.shift = shift;
+          u.lo = lo;
+          u.hi = hi;
+          u.num_tiles = hi > lo ? (hi - lo + kBlockN - 1) / kBlockN : 0;
         }
       }
-      if (kt >= kStages) mbarrier_wait(&empty[stage], (kt / kStages - 1) & 1);
-      unsigned char* dst = kv_tiles + stage * 2 * kTileBytes + (loads_k ? 0 : kTileBytes);
-      if (!kPaged && key0 + kBlockN <= hi) {
-        // A whole tile of the request's keys: TMA, one box per 64 columns. Tiles that end past
-        // the keys take the cp.async path below, which zero-fills: a neighbour's V rows may hold
-        // anything (0 * inf would be NaN).
-        if (loads_k) {
-          for (int r = t; r < kBlockN; r += 64) key_ok[stage * kBlockN + r] = 1;
-        }
-        if (t % 64 == 0) {
-          mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
-          for (int c = 0; c < D / 64; ++c) {
-            tma_load_3d(dst + c * kBlockN * 128, loads_k ? &maps.k : &maps.v, c * 64, kvh, req.k_start + key0, &full[stage]);
+      asm volatile("bar.sync 3, 128;\n" ::: "memory");  // unit j is written
+      const bool done = u.index >= num_units;
+      if (t == 64) {  // hand the unit (and its Q) to the consumers once they are done with unit j - 1's Q
+        if (j > 0) mbarrier_wait(&cta.q_empty, (j - 1) & 1);
+        cta.handed[j % 2] = u;
+        if (!done && u.num_tiles > 0) {
+          mbarrier_arrive_expect_tx(&cta.q_full, kBlockM * D * 2);
+          for (int c = 0; c < D / 64; ++c) {  // rows past the request are another's (never written back) or zeros
+            tma_load_3d(q_tile + c * kBlockM * 128, &maps.q, c * 64, u.head, u.req.q_start + u.row0, &cta.q_full);
           }
         } else {
-          mbarrier_arrive(&full[stage]);
+          mbarrier_arrive(&cta.q_full);
         }
-        continue;
       }
-      if (paged_tma) {
-        // Whole pages (or page slices) of valid block ids: one box per page and 64 columns. A
-        // bad id sends the tile to the cp.async path, which masks its keys and records it.
-        if (loads_k) {
-          for (int r = t; r < kBlockN; r += 64) key_ok[stage * kBlockN + r] = 1;
-        }
-        if (t % 64 == 0) {
-          mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
+      if (done) break;
+      const int kvh = u.head / p.group;
+      const int32_t* table = kPaged ? p.block_table + static_cast<int64_t>(u.request) * p.table_stride : nullptr;
+      const int hi = u.hi;
+      for (int kt = 0; kt < u.num_tiles; ++kt, ++g) {
+        const int stage = g % kStages;
+        const int key0 = u.lo + kt * kBlockN;
+        // Paged: the tile's block ids, read before waiting for the stage (their latency overlaps
+        // the wait); the tile goes by TMA when they are all valid.
+        constexpr int kMaxBoxes = kBlockN / 16;
+        int32_t blocks[kMaxBoxes];
+        bool paged_tma = false;
+        if constexpr (kPaged) {
+          if (maps.paged_rows > 0 && key0 + kBlockN <= hi && key0 % maps.paged_rows == 0) {
+            paged_tma = true;
 #pragma unroll
-          for (int i = 0; i < kMaxBoxes; ++i) {
-            if (i < kBlockN / maps.paged_rows) {
-              const int key = key0 + i * maps.paged_rows;
-              const int row = key - static_cast<int>(p.block_size.div(static_cast<uint32_t>(key)) * p.block_size.d);
-              for (int c = 0; c < D / 64; ++c) {
-                tma_load_4d(dst + c * kBlockN * 128 + i * maps.paged_rows * 128, loads_k ? &maps.k : &maps.v, c * 64, kvh,
-                            row, blocks[i], &full[stage]);
+            for (int i = 0; i < kMaxBoxes; ++i) {
+              if (i < kBlockN / maps.paged_rows) {
+                blocks[i] = table[p.block_size.div(static_cast<uint32_t>(key0 + i * maps.paged_rows))];
+                paged_tma = paged_tma && blocks[i] >= 0 && blocks[i] < p.num_blocks;
               }
             }
           }
-        } else {
-          mbarrier_arrive(&full[stage]);
         }
-        continue;
-      }
-      int bad_j = -1, bad_block = 0;  // a bad block id met by this thread (recorded once below)
-#pragma unroll 4
-      for (int i = t % 64; i < kBlockN * kChunks; i += 64) {
-        const int r = i / kChunks, c = i % kChunks;
-        const int key = key0 + r;
-        bool ok = key < hi;
-        const T* src = src_base;
-        if (ok) {
-          if constexpr (kPaged) {
-            const uint32_t j = p.block_size.div(static_cast<uint32_t>(key));
-            const int32_t block = table[j];
-            ok = block >= 0 && block < p.num_blocks;
-            if (ok) {
-              src = src_base + block * src_stride + (key - static_cast<int64_t>(j) * p.block_size.d) * row_elems +
-                    static_cast<int64_t>(kvh) * D + c * 8;
-            } else if (c == 0 && loads_k) {
-              bad_j = j;
-              bad_block = block;
+        if (g >= kStages) mbarrier_wait(&empty[stage], (g / kStages - 1) & 1);
+        unsigned char* dst = kv_tiles + stage * 2 * kTileBytes + (loads_k ? 0 : kTileBytes);
+        if (!kPaged && key0 + kBlockN <= hi) {
+          // A whole tile of the request's keys: TMA, one box per 64 columns. Tiles that end past
+          // the keys take the cp.async path below, which zero-fills: a neighbour's V rows may hold
+          // anything (0 * inf would be NaN).
+          if (loads_k) {
+            for (int r = t; r < kBlockN; r += 64) key_ok[stage * kBlockN + r] = 1;
+          }
+          if (t % 64 == 0) {
+            mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
+            for (int c = 0; c < D / 64; ++c) {
+              tma_load_3d(dst + c * kBlockN * 128, loads_k ? &maps.k : &maps.v, c * 64, kvh, u.req.k_start + key0,
+                          &full[stage]);
             }
           } else {
-            src = src_base + (req.k_start + key) * src_stride + static_cast<int64_t>(kvh) * D + c * 8;
+            mbarrier_arrive(&full[stage]);
           }
+          continue;
         }
-        device::cp_async_16(dst + sw128_offset<kBlockN>(r, c), src, ok);
-        if (loads_k && c == 0) key_ok[stage * kBlockN + r] = ok;
+        if (paged_tma) {
+          // Whole pages (or page slices) of valid block ids: one box per page and 64 columns. A
+          // bad id sends the tile to the cp.async path, which masks its keys and records it.
+          if (loads_k) {
+            for (int r = t; r < kBlockN; r += 64) key_ok[stage * kBlockN + r] = 1;
+          }
+          if (t % 64 == 0) {
+            mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
+#pragma unroll
+            for (int i = 0; i < kMaxBoxes; ++i) {
+              if (i < kBlockN / maps.paged_rows) {
+                const int key = key0 + i * maps.paged_rows;
+                const int row = key - static_cast<int>(p.block_size.div(static_cast<uint32_t>(key)) * p.block_size.d);
+                for (int c = 0; c < D / 64; ++c) {
+                  tma_load_4d(dst + c * kBlockN * 128 + i * maps.paged_rows * 128, loads_k ? &maps.k : &maps.v, c * 64,
+                              kvh, row, blocks[i], &full[stage]);
+                }
+              }
+            }
+          } else {
+            mbarrier_arrive(&full[stage]);
+          }
+          continue;
+        }
+        int bad_j = -1, bad_block = 0;  // a bad block id met by this thread (recorded once below)
+#pragma unroll 4
+        for (int i = t % 64; i < kBlockN * kChunks; i += 64) {
+          const int r = i / kChunks, c = i % kChunks;
+          const int key = key0 + r;
+          bool ok = key < hi;
+          const T* src = src_base;
+          if (ok) {
+            if constexpr (kPaged) {
+              const uint32_t jb = p.block_size.div(static_cast<uint32_t>(key));
+              const int32_t block = table[jb];
+              ok = block >= 0 && block < p.num_blocks;
+              if (ok) {
+                src = src_base + block * src_stride + (key - static_cast<int64_t>(jb) * p.block_size.d) * row_elems +
+                      static_cast<int64_t>(kvh) * D + c * 8;
+              } else if (c == 0 && loads_k) {
+                bad_j = jb;
+                bad_block = block;
+              }
+            } else {
+              src = src_base + (u.req.k_start + key) * src_stride + static_cast<int64_t>(kvh) * D + c * 8;
+            }
+          }
+          device::cp_async_16(dst + sw128_offset<kBlockN>(r, c), src, ok);
+          if (loads_k && c == 0) key_ok[stage * kBlockN + r] = ok;
+        }
+        if (kPaged && bad_j >= 0 && u.head % p.group == 0) pa::record(p.error, pa::kBlockTable, u.request, bad_j, bad_block);
+        device::cp_async_commit();
+        device::cp_async_wait<0>();  // this stage's tile (zero-filled where not read)
+        fence_proxy_async();
+        mbarrier_arrive(&full[stage]);
       }
-      if (kPaged && bad_j >= 0 && head % p.group == 0) pa::record(p.error, pa::kBlockTable, b, bad_j, bad_block);
-      device::cp_async_commit();
-      device::cp_async_wait<0>();  // this stage's tile (zero-filled where not read)
-      fence_proxy_async();
-      mbarrier_arrive(&full[stage]);
     }
     return;
   }
@@ -569,27 +624,29 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
   const int wrow = consumer * 64 + warp * 16;  // the warp's first row in the tile
   // Per lane: rows wrow + lane / 4 (h = 0) and + 8 (h = 1): running max m (log2 units), sum l, O
   // (o[4 n + c]: columns 8 n + 2 (lane % 4) + c % 2 of row h = c / 2, the wgmma accumulator layout).
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float m[2], l[2];
   float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   int pos[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) pos[h] = row0 + wrow + lane / 4 + 8 * h + shift;
-  const int warp_pos_min = row0 + wrow + shift, warp_pos_max = warp_pos_min + 15;
-  const int64_t mask_base = use_mask ? ws.mask_offset[b] : 0;
+  int warp_pos_min = 0, warp_pos_max = 0, g = 0;  // g: tiles this CTA has consumed (stage g % kStages)
+  int64_t mask_base = 0;
+  const Unit* unit = nullptr;  // the unit being run, in shared memory
   float s[kBlockN / 2];                 // S of the current tile, then its P (float)
   uint32_t pv[kBlockN / 16][4];         // P of the previous tile as the A operand of O += P V
 #pragma unroll
   for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.f;
 
   // S = Q K^T of tile kt: D / 16 products, 32 bytes of each row per product.
+  // The descriptors are offsets (in 16-byte units) from two bases; at head_dim 256 the Q base is
+  // made opaque so that the compiler recomputes them per tile instead of keeping 16 of them live
+  // (they would spill).
   auto issue_qk = [&](int stage) {
-    const unsigned char* k_tile = kv_tiles + stage * 2 * kTileBytes;
+    uint64_t a0 = sw128_descriptor(q_tile + consumer * 64 * 128, 16, 1024);
+    const uint64_t b0 = sw128_descriptor(kv_tiles + stage * 2 * kTileBytes, 16, 1024);
+    if constexpr (D > 128) asm volatile("" : "+l"(a0));
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      const uint64_t a = sw128_descriptor(q_tile + (ks / 4) * (kBlockM * 128) + consumer * 64 * 128 + (ks % 4) * 32, 16, 1024);
-      const uint64_t bk = sw128_descriptor(k_tile + (ks / 4) * (kBlockN * 128) + (ks % 4) * 32, 16, 1024);
+      const uint64_t a = a0 + (((ks / 4) * (kBlockM * 128) + (ks % 4) * 32) >> 4);
+      const uint64_t bk = b0 + (((ks / 4) * (kBlockN * 128) + (ks % 4) * 32) >> 4);
       Wgmma<T, kBlockN>::ss(s, a, bk, ks > 0);
     }
     wgmma_commit();
@@ -612,11 +669,11 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
       for (int e = 0; e < 4; ++e) pv[kk][e] = device::pack2<T>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
     }
   };
-  // Masks, logits, the running max and sum of tile kt; s becomes P (unnormalized, in the new
-  // max's frame) and rescale the factor that moves O to that frame.
-  auto softmax = [&](int kt, float (&rescale)[2]) {
-    const int stage = kt % kStages;
-    const int key0 = lo + kt * kBlockN;
+  // Masks, logits, the running max and sum of the unit's tile kt (in stage); s becomes P
+  // (unnormalized, in the new max's frame) and rescale the factor that moves O to that frame.
+  auto softmax = [&](int kt, int stage, float (&rescale)[2]) {
+    const Unit& u = *unit;
+    const int key0 = u.lo + kt * kBlockN, hi = u.hi;
     // Per-key masks only in tiles that cross an edge for the warp's rows (as the mma.sync kernel).
     // A whole tile with a key flag of 0 met a bad block id (paged only: the flags travel with
     // the stage, so no flag shared across stages is read while the producer writes it).
@@ -648,7 +705,7 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
     if (masked && per_key) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int qpos = pos[h], j = qpos - shift;
+        const int qpos = pos[h], jq = qpos - u.shift;
         uint32_t bits = 0;
 #pragma unroll 1
         for (int i = 0; i < kBlockN / 4; ++i) {
@@ -657,8 +714,8 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
           bool keep = key < hi && key_ok[stage * kBlockN + col];
           if (upper) keep = keep && key <= qpos;
           if (p.window > 0) keep = keep && key > qpos - p.window;
-          if (use_mask && keep && j < req.len_q) {
-            const int64_t at = mask_base + static_cast<int64_t>(j) * req.len_k + key;
+          if (use_mask && keep && jq < u.req.len_q) {
+            const int64_t at = mask_base + static_cast<int64_t>(jq) * u.req.len_k + key;
             keep = at < p.mask_size && p.mask[at] != 0;
           }
           bits |= static_cast<uint32_t>(keep) << i;
@@ -707,79 +764,104 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
   // The two consumers take turns at the tensor cores (named barriers 1 and 2: "consumer c may
   // issue"): one issues its products while the other runs its softmax. Within a consumer, O += P V
   // of tile kt - 1 runs while the softmax of tile kt does. Each issue block waits for its turn and
-  // passes it on; consumer 1's first pass starts the exchange and its last one is left out, so
-  // that every arrival is matched.
+  // passes it on; consumer 1 starts the exchange with a pass of its own, and consumer 0 takes
+  // the last pass after its last unit, so that every arrival is matched.
   auto wait_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory"); };
   auto pass_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory"); };
-  if (num_tiles > 0) {
-    float rescale[2];
-    if (consumer == 1) pass_turn();
-    mbarrier_wait(&bars.q_full, 0);
-    mbarrier_wait(&bars.k_full[0], 0);
-    wait_turn();
-    fence_registers(s);
-    wgmma_fence();
-    issue_qk(0);
-    pass_turn();
-    wgmma_wait<0>();
-    fence_registers(s);
-    softmax(0, rescale);  // O is still 0: nothing to rescale
-    mbarrier_arrive(&bars.k_empty[0]);
-    for (int kt = 1; kt < num_tiles; ++kt) {
-      const int stage = kt % kStages, prev = (kt - 1) % kStages;
-      pack_p();
-      mbarrier_wait(&bars.k_full[stage], (kt / kStages) & 1);
+  if (consumer == 1) pass_turn();
+  for (int j = 0;; ++j) {
+    mbarrier_wait(&cta.q_full, j & 1);  // the unit handed on, and its Q when it has keys to see
+    unit = &cta.handed[j % 2];
+    const Unit& u = *unit;
+    // Read through a shuffle: the compiler then knows them to be warp-uniform (a plain load from
+    // shared memory would leave the products' loop "divergent", and ptxas serializes wgmma there).
+    if (__shfl_sync(device::kFullMask, u.index, 0) >= num_units) break;
+    const int num_tiles = __shfl_sync(device::kFullMask, u.num_tiles, 0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m[h] = -INFINITY;
+      l[h] = 0.f;
+      pos[h] = u.row0 + wrow + lane / 4 + 8 * h + u.shift;
+    }
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    warp_pos_min = u.row0 + wrow + u.shift;
+    warp_pos_max = warp_pos_min + 15;
+    if (use_mask) mask_base = ws.mask_offset[u.request];
+    if (num_tiles > 0) {
+      float rescale[2];
+      mbarrier_wait(&cta.k_full[g % kStages], (g / kStages) & 1);
       wait_turn();
       fence_registers(s);
+      wgmma_fence();
+      issue_qk(g % kStages);
+      pass_turn();
+      wgmma_wait<0>();
+      fence_registers(s);
+      if (num_tiles == 1) mbarrier_arrive(&cta.q_empty);  // the unit's last read of Q is done
+      softmax(0, g % kStages, rescale);  // O is still 0: nothing to rescale
+      mbarrier_arrive(&cta.k_empty[g % kStages]);
+      for (int kt = 1; kt < num_tiles; ++kt) {
+        const int stage = (g + kt) % kStages, prev = (g + kt - 1) % kStages;
+        pack_p();
+        mbarrier_wait(&cta.k_full[stage], ((g + kt) / kStages) & 1);
+        wait_turn();
+        fence_registers(s);
+        fence_registers(o);
+        wgmma_fence();
+        issue_qk(stage);
+        mbarrier_wait(&cta.v_full[prev], ((g + kt - 1) / kStages) & 1);
+        issue_pv(prev);
+        pass_turn();
+        wgmma_wait<1>();  // S of tile kt
+        fence_registers(s);
+        if (kt == num_tiles - 1) mbarrier_arrive(&cta.q_empty);
+        softmax(kt, stage, rescale);
+        mbarrier_arrive(&cta.k_empty[stage]);
+        wgmma_wait<0>();  // O += P V of tile kt - 1
+        fence_registers(o);
+        mbarrier_arrive(&cta.v_empty[prev]);
+        if (rescale[0] != 1.f || rescale[1] != 1.f) {
+#pragma unroll
+          for (int i = 0; i < D / 2; ++i) o[i] *= rescale[i % 4 / 2];
+        }
+      }
+      const int last = (g + num_tiles - 1) % kStages;
+      pack_p();
+      mbarrier_wait(&cta.v_full[last], ((g + num_tiles - 1) / kStages) & 1);
+      wait_turn();
       fence_registers(o);
       wgmma_fence();
-      issue_qk(stage);
-      mbarrier_wait(&bars.v_full[prev], ((kt - 1) / kStages) & 1);
-      issue_pv(prev);
+      issue_pv(last);
       pass_turn();
-      wgmma_wait<1>();  // S of tile kt
-      fence_registers(s);
-      softmax(kt, rescale);
-      mbarrier_arrive(&bars.k_empty[stage]);
-      wgmma_wait<0>();  // O += P V of tile kt - 1
+      wgmma_wait<0>();
       fence_registers(o);
-      mbarrier_arrive(&bars.v_empty[prev]);
-      if (rescale[0] != 1.f || rescale[1] != 1.f) {
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] *= rescale[i % 4 / 2];
-      }
+      mbarrier_arrive(&cta.v_empty[last]);
+      g += num_tiles;
+    } else {
+      mbarrier_arrive(&cta.q_empty);
     }
-    const int last = (num_tiles - 1) % kStages;
-    pack_p();
-    mbarrier_wait(&bars.v_full[last], ((num_tiles - 1) / kStages) & 1);
-    wait_turn();
-    fence_registers(o);
-    wgmma_fence();
-    issue_pv(last);
-    if (consumer == 0) pass_turn();
-    wgmma_wait<0>();
-    fence_registers(o);
-    mbarrier_arrive(&bars.v_empty[last]);
-  }
-  device::pdl_launch_dependents();
 
-  // Epilogue: the rows' sums over the 4 lanes of a row, then out = O / l and lse.
+    // Epilogue: the rows' sums over the 4 lanes of a row, then out = O / l and lse.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(device::kFullMask, sum, 1);
-    sum += __shfl_xor_sync(device::kFullMask, sum, 2);
-    const int r = wrow + lane / 4 + 8 * h;
-    if (r >= rows) continue;
-    const int64_t token = req.q_start + row0 + r;
-    const float inv = sum == 0.f ? 0.f : 1.f / sum;  // no key: 0 and -inf
-    T* dst = p.out + (token * p.num_heads + head) * D + (lane % 4) * 2;
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[h];
+      sum += __shfl_xor_sync(device::kFullMask, sum, 1);
+      sum += __shfl_xor_sync(device::kFullMask, sum, 2);
+      const int r = wrow + lane / 4 + 8 * h;
+      if (r >= u.rows) continue;
+      const int64_t token = u.req.q_start + u.row0 + r;
+      const float inv = sum == 0.f ? 0.f : 1.f / sum;  // no key: 0 and -inf
+      T* dst = p.out + (token * p.num_heads + u.head) * D + (lane % 4) * 2;
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(dst + n * 8) = device::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(dst + n * 8) = device::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+      }
+      if (lane % 4 == 0) p.lse[token * p.num_heads + u.head] = sum == 0.f ? -INFINITY : (m[h] + log2f(sum)) * pa::kLn2;
     }
-    if (lane % 4 == 0) p.lse[token * p.num_heads + head] = sum == 0.f ? -INFINITY : (m[h] + log2f(sum)) * pa::kLn2;
   }
+  if (consumer == 0) wait_turn();  // consumer 1's last pass
+  device::pdl_launch_dependents();
 #endif  // MLLM_KERNEL_PREFILL_SM90_BODY
 }
 
