@@ -428,19 +428,29 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
         }
       }
     }
-    // Which of the lane's keys each of its rows keeps: bit 2 n + e is column n * 8 + 2 (lane % 4) + e.
-    // A tile needs per-key masks only where it crosses the end of the keys, a causal or window
-    // edge of the warp's rows, a bad block, or with a custom mask (a short loop, not unrolled:
-    // it keeps the hot loop small for the instruction cache).
-    const bool masked = use_mask || key0 + N > hi || *any_bad != 0 || (upper && key0 + N - 1 > warp_pos_min) ||
+    // A tile needs masks only where it crosses the end of the keys, a causal or window edge of the
+    // warp's rows, a bad block, or with a custom mask. A row keeps one range of the tile's keys,
+    // [window start, min(its position, end of keys)]: first / last are columns relative to the
+    // lane's 2 (lane % 4), two compares a logit. A custom mask or a bad block id makes every key a
+    // lookup, into keep_bits (bit 2 n + e: column n * 8 + 2 (lane % 4) + e; a short loop, not
+    // unrolled: it keeps the hot loop small for the instruction cache).
+    const bool bad_block = *any_bad != 0;
+    const bool masked = use_mask || key0 + N > hi || bad_block || (upper && key0 + N - 1 > warp_pos_min) ||
                         (p.window > 0 && key0 <= warp_pos_max - p.window);
+    const bool per_key = use_mask || bad_block;
+    int first[kMB][2], last[kMB][2];
     uint32_t keep_bits[kMB][2];
 #pragma unroll
     for (int mb = 0; mb < kMB; ++mb) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) keep_bits[mb][h] = ~0u;
+      for (int h = 0; h < 2; ++h) {
+        const int qpos = pos[mb][h], lane_key0 = key0 + (lane % 4) * 2;
+        keep_bits[mb][h] = ~0u;
+        last[mb][h] = (upper ? min(hi - 1, qpos) : hi - 1) - lane_key0;
+        first[mb][h] = p.window > 0 ? qpos - p.window + 1 - lane_key0 : -N;
+      }
     }
-    if (masked) {
+    if (masked && per_key) {
 #pragma unroll
       for (int mb = 0; mb < kMB; ++mb) {
 #pragma unroll
@@ -488,7 +498,10 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
         for (int n = 0; n < N / 8; ++n) {
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            if (!((keep_bits[mb][c / 2] >> (2 * n + (c & 1))) & 1u)) s[mb][n][c] = -INFINITY;
+            const int h = c / 2, col = 8 * n + (c & 1);
+            const bool keep = per_key ? (keep_bits[mb][h] >> (2 * n + (c & 1))) & 1u
+                                      : col >= first[mb][h] && col <= last[mb][h];
+            if (!keep) s[mb][n][c] = -INFINITY;
           }
         }
       }
