@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
-# Local Bazel remote services on 127.0.0.1: BuildGrid's CAS and action cache, and optionally its
-# execution service with buildbox workers.
+# Local Bazel remote services on 127.0.0.1: BuildGrid's CAS and action cache (kept in Redis), and
+# optionally its execution service with buildbox workers.
 #
-#   tools/remote/services.sh install        # BuildGrid (pinned) into a venv of its own, from pip's indexes
-#   tools/remote/services.sh start          # the remote cache, in the background; returns once the port answers
+#   tools/remote/services.sh install        # BuildGrid (pinned) into a venv of its own, from pip's indexes;
+#                                           # Redis (pinned, Debian bookworm) unpacked
+#   tools/remote/services.sh start          # Redis and the remote cache, in the background; returns once they answer
 #   tools/remote/services.sh install-exec   # + buildbox (pinned, Debian sid) with its libraries, unpacked
-#   tools/remote/services.sh start-exec [N] # cache + execution: PostgreSQL, BuildGrid, buildbox-casd, N workers (2)
+#   tools/remote/services.sh start-exec [N] # cache + execution: PostgreSQL, Redis, BuildGrid, buildbox-casd, N workers (2)
 #   tools/remote/services.sh stop           # stops what start / start-exec started (and nothing else)
 #   tools/remote/services.sh status
 #
 # Everything lives under MLLM_REMOTE_STATE (default ~/.cache/mllm_kernel_remote): the venv, the
 # server's configuration, its storage, logs and pid files. MLLM_REMOTE_PORT: default 50051;
-# MLLM_REMOTE_PG_PORT / MLLM_REMOTE_PG_DIR: the scheduler's PostgreSQL (default 55432; see PG_DIR).
+# MLLM_REMOTE_REDIS_PORT: the action cache's Redis (default 56379); MLLM_REMOTE_PG_PORT /
+# MLLM_REMOTE_PG_DIR: the scheduler's PostgreSQL (default 55432; see PG_DIR).
 # Then: bazel build --config=remote-cache //:wheel, or --config=remote (.bazelrc; README "Remote cache").
 set -euo pipefail
 BUILDGRID_VERSION=0.4.4
 PSYCOPG2_VERSION=2.9.13
+REDIS_PY_VERSION=5.2.1
+REDIS_VERSION=5:7.0.15-1~deb12u10  # Debian bookworm's redis-server / redis-tools
 BUILDBOX_VERSION=1.4.30+dfsg-1+b1
 STATE=${MLLM_REMOTE_STATE:-$HOME/.cache/mllm_kernel_remote}
 PORT=${MLLM_REMOTE_PORT:-50051}
 PG_PORT=${MLLM_REMOTE_PG_PORT:-55432}
+REDIS_PORT=${MLLM_REMOTE_REDIS_PORT:-56379}
 ADDRESS=127.0.0.1:$PORT
 HERE=$(cd "$(dirname "$0")" && pwd)
 PIDFILE=$STATE/buildgrid.pid
@@ -29,7 +34,7 @@ SID=$STATE/buildbox  # buildbox and the Debian sid libraries it needs, unpacked 
 if [[ $EUID == 0 ]]; then PG_DIR=${MLLM_REMOTE_PG_DIR:-/tmp/mllm_kernel_remote_pg}; else PG_DIR=${MLLM_REMOTE_PG_DIR:-$STATE/pg}; fi
 
 running() { [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
-answers() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
+answers() { (exec 3<>"/dev/tcp/127.0.0.1/${1:-$PORT}") 2>/dev/null; }
 
 # PostgreSQL refuses to run as root: as root, its server runs as nobody.
 as_db_user() { if [[ $EUID == 0 ]]; then setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"; else "$@"; fi; }
@@ -42,13 +47,14 @@ pg_bin() {  # the machine's PostgreSQL (Debian: postgresql-15) or one unpacked b
   return 1
 }
 
-# Starts BuildGrid with configuration template $1 (fills in @ADDRESS@, @STATE@, @PG_PORT@).
+# Starts BuildGrid with configuration template $1 (fills in @ADDRESS@, @STATE@, @PG_PORT@, @REDIS_PORT@).
 start_buildgrid() {
   [[ -x $STATE/venv/bin/bgd ]] || { echo "services.sh: run '$0 install' first" >&2; exit 1; }
   if running; then echo "BuildGrid already running (pid $(cat "$PIDFILE")) on $ADDRESS"; return 0; fi
   if answers; then echo "services.sh: something else listens on $ADDRESS (set MLLM_REMOTE_PORT)" >&2; exit 1; fi
   mkdir -p "$STATE/cas"
-  sed -e "s|@ADDRESS@|$ADDRESS|" -e "s|@STATE@|$STATE|" -e "s|@PG_PORT@|$PG_PORT|" "$1" > "$STATE/buildgrid.yml"
+  sed -e "s|@ADDRESS@|$ADDRESS|" -e "s|@STATE@|$STATE|" -e "s|@PG_PORT@|$PG_PORT|" -e "s|@REDIS_PORT@|$REDIS_PORT|" \
+    "$1" > "$STATE/buildgrid.yml"
   setsid "$STATE/venv/bin/bgd" server start "$STATE/buildgrid.yml" > "$STATE/buildgrid.log" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
   for _ in $(seq 1 60); do  # 30 s at most
@@ -60,6 +66,20 @@ start_buildgrid() {
   tail -5 "$STATE/buildgrid.log" >&2
   "$0" stop > /dev/null
   exit 1
+}
+
+start_redis() {  # the action cache's Redis on 127.0.0.1:$REDIS_PORT, its append-only file in $STATE/redis-data
+  [[ -x $STATE/redis/usr/bin/redis-server ]] || { echo "services.sh: run '$0 install' first" >&2; exit 1; }
+  mkdir -p "$STATE/redis-data" "$STATE/pids" "$STATE/logs"
+  if [[ -f $STATE/pids/redis.pid ]] && kill -0 "$(cat "$STATE/pids/redis.pid")" 2>/dev/null; then return 0; fi
+  if answers "$REDIS_PORT"; then echo "services.sh: something else listens on 127.0.0.1:$REDIS_PORT (set MLLM_REMOTE_REDIS_PORT)" >&2; exit 1; fi
+  LD_LIBRARY_PATH=$STATE/redis/usr/lib/x86_64-linux-gnu setsid "$STATE/redis/usr/bin/redis-server" \
+    --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$STATE/redis-data" --appendonly yes --save "" \
+    --logfile "$STATE/logs/redis.log" > /dev/null 2>&1 < /dev/null &
+  echo $! > "$STATE/pids/redis.pid"
+  for _ in $(seq 1 40); do answers "$REDIS_PORT" && break; sleep 0.25; done
+  answers "$REDIS_PORT" || { echo "services.sh: Redis did not start ($STATE/logs/redis.log)" >&2; exit 1; }
+  echo "Redis on 127.0.0.1:$REDIS_PORT (data: $STATE/redis-data)"
 }
 
 start_postgres() {  # a private cluster in $PG_DIR on 127.0.0.1:$PG_PORT, database bgd with BuildGrid's tables
@@ -119,9 +139,16 @@ case "${1:-}" in
     mkdir -p "$STATE"
     [[ -x $STATE/venv/bin/python ]] || python3 -m venv "$STATE/venv"
     "$STATE/venv/bin/python" -m pip install -q --disable-pip-version-check "buildgrid==$BUILDGRID_VERSION" \
-      "psycopg2-binary==$PSYCOPG2_VERSION"
+      "psycopg2-binary==$PSYCOPG2_VERSION" "redis==$REDIS_PY_VERSION"
     "$STATE/venv/bin/bgd" --help > /dev/null
-    echo "BuildGrid $BUILDGRID_VERSION installed in $STATE/venv"
+    if [[ ! -x $STATE/redis/usr/bin/redis-server ]]; then  # unpacked with its two libraries, never installed
+      rm -rf "$STATE/redis-debs" "$STATE/redis" && mkdir -p "$STATE/redis-debs"
+      (cd "$STATE/redis-debs" && apt-get download -q "redis-server=$REDIS_VERSION" "redis-tools=$REDIS_VERSION" \
+        libjemalloc2/bookworm liblzf1/bookworm > /dev/null 2>&1)
+      for deb in "$STATE"/redis-debs/*.deb; do dpkg -x "$deb" "$STATE/redis"; done
+    fi
+    LD_LIBRARY_PATH=$STATE/redis/usr/lib/x86_64-linux-gnu "$STATE/redis/usr/bin/redis-server" --version > /dev/null
+    echo "BuildGrid $BUILDGRID_VERSION installed in $STATE/venv; Redis $REDIS_VERSION in $STATE/redis"
     ;;
   install-exec)
     "$0" install
@@ -151,11 +178,13 @@ case "${1:-}" in
     echo "buildbox $BUILDBOX_VERSION unpacked in $SID; PostgreSQL: $(pg_bin)"
     ;;
   start)
+    start_redis
     start_buildgrid "$HERE/buildgrid-cache.yml"
     ;;
   start-exec)
     workers=${2:-2}
     start_postgres
+    start_redis
     start_buildgrid "$HERE/buildgrid-exec.yml"
     start_workers "$workers"
     ;;
@@ -172,12 +201,13 @@ case "${1:-}" in
     if [[ -f $PG_DIR/data/postmaster.pid ]] && bin=$(pg_bin 2> /dev/null); then
       as_db_user "$bin/pg_ctl" -D "$PG_DIR/data" -m fast -w stop > /dev/null 2>&1 && echo "PostgreSQL stopped" || true
     fi
+    if [[ -f $STATE/pids/redis.pid ]]; then stop_group "$STATE/pids/redis.pid"; echo "Redis stopped"; fi  # TERM: it syncs its file
     ;;
   status)
     if running && answers; then echo "BuildGrid (pid $(cat "$PIDFILE")) on grpc://$ADDRESS"; else echo "BuildGrid is not running"; exit 1; fi
     ;;
   *)
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
