@@ -104,6 +104,22 @@ struct Workspace {
         requests(reinterpret_cast<Request*>(base + 2 * batch + 2)),
         work(reinterpret_cast<int2*>(base + 2 * batch + 2 + 4 * batch)) {}
 };
+/*!
+ * \brief The keys that `rows` queries from `row0` of \p req can see, [lo, hi): causal (`upper`)
+ * cuts them at the last query's position, a window of `window` > 0 at the first one's. Both
+ * kernels' tiles start from it.
+ */
+struct KeyRange {
+  int lo, hi;
+};
+__device__ __forceinline__ KeyRange VisibleKeys(const Request& req, int row0, int rows, bool upper, int window) {
+  const int shift = req.len_k - req.len_q;  // query j sits at position j + shift
+  KeyRange r{0, req.len_k};
+  if (upper) r.hi = max(0, min(r.hi, row0 + rows - 1 + shift + 1));
+  if (window > 0) r.lo = max(0, row0 + shift - window + 1);
+  return r;
+}
+
 inline int64_t MaxWork(int64_t total_q, int64_t batch) { return (total_q + kBlockM - 1) / kBlockM + batch; }
 inline int64_t WorkspaceInts(int64_t total_q, int64_t batch) { return 6 * batch + 2 + 2 * MaxWork(total_q, batch); }
 
@@ -312,10 +328,8 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
   const bool causal = p.causal && !use_mask;
   const bool upper = causal || p.window > 0;      // keys past a query's position are masked
 
-  // Keys the tile's rows can see: [lo, hi).
-  int hi = req.len_k, lo = 0;
-  if (upper) hi = max(0, min(hi, row0 + rows - 1 + shift + 1));
-  if (p.window > 0) lo = max(0, row0 + shift - p.window + 1);
+  const KeyRange keys = VisibleKeys(req, row0, rows, upper, p.window);
+  const int lo = keys.lo, hi = keys.hi;
   const int num_tiles = hi > lo ? (hi - lo + N - 1) / N : 0;
   if (threadIdx.x == 0) *any_bad = 0;
 
