@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes sure a Bazel >= 7 is on PATH. A no-op where one exists (system bazel or bazelisk);
-# on Debian without one, installs Debian sid's bazel-bootstrap 7 (see README "Setup").
+# on Debian without one, installs Debian sid's bazel-bootstrap 7 (see README "Setup and tests").
 # The Debian mirror is read from this machine's apt configuration, never hard-coded.
 set -euo pipefail
 

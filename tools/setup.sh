@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-time machine setup for building mllm-kernel (idempotent; README "Setup").
+# One-time machine setup for building mllm-kernel (idempotent; README "Setup and tests").
 #  1. Bazel >= 7 (a no-op where one exists; Debian sid's bazel-bootstrap otherwise).
 #  2. The host tools repository rules call: unzip (CUDA wheels keep exec bits), python3 with pip.
 #  3. On Debian's offline Bazel (its /etc/bazel/bazelrc overrides modules to /usr/share/bazel),
