@@ -91,6 +91,8 @@ def decode_attention_calls():
             (128, 32, 8, 16, [1000, 5], 3),
             (256, 20, 1, 1, [77, 130], None),
             (128, 4, 4, 64, [200], 1),
+            (128, 16, 2, 16, [3000, 40], 8),  # on sm_90: merged in a cluster of 8
+            (128, 16, 2, 16, [3000, 40], 9),  # merged by MergeSplitsKernel
         ):
             max_blocks = max(-(-n // block) for n in lens) + 1
             num_blocks = len(lens) * max_blocks + 2

@@ -73,26 +73,7 @@ inline bool cluster16_fits(Kernel kernel, int device, int64_t smem_bytes) {
   if (device >= 0 && device < kMaxCachedDevices) {
     if (const int v = cache[device].load(std::memory_order_relaxed); v != 0) return v == 2;
   }
-  bool fits = false;
-  {
-    tvm::ffi::CUDADeviceGuard guard(device);
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(16);
-    config.blockDim = dim3(1024);
-    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 16;
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    int clusters = 0;
-    fits = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
-           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(smem_bytes)) == cudaSuccess &&
-           cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
-    cudaGetLastError();  // a refusal only means clusters of 8
-  }
+  const bool fits = MaxActiveClusters(kernel, device, 16, 1024, smem_bytes) > 0;  // else clusters of 8
   if (device >= 0 && device < kMaxCachedDevices) cache[device].store(fits ? 2 : 1, std::memory_order_relaxed);
   return fits;
 }

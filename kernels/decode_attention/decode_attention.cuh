@@ -11,9 +11,11 @@
  * products S = q K^T and O += P V (rows past the group are zeros). The CTA's warps take its key
  * tiles (16 keys) in turn; each warp streams its tiles through its own ring in shared memory with
  * cp.async (both of its stages in flight while it waits) and keeps its own online-softmax state (in
- * log2 units); the warps' states are merged at the end. With num_splits > 1 the CTA writes a
- * float32 partial state and MergeSplitsKernel combines them. A float8 cache's tiles are converted
- * in registers and multiplied in float16 (see e4m3x2_to_f16x2).
+ * log2 units); the warps' states are merged at the end. With num_splits > 1 the splits of a
+ * (request, KV head) run as one thread-block cluster on sm_90 where the grid is small (up to 8
+ * splits, one CTA per SM) and merge through distributed shared memory at the kernel's end;
+ * otherwise each CTA writes a float32 partial state and MergeSplitsKernel combines them. A float8 cache's tiles are converted in registers and
+ * multiplied in float16 (see e4m3x2_to_f16x2).
  *
  * float32 q (with a float32 cache) runs DecodeFloatKernel instead: plain float32 arithmetic,
  * for float32 models; same splits, masking and error records.
@@ -31,6 +33,7 @@
 #include "decode_attention.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -85,6 +88,20 @@ __device__ __forceinline__ float2 state_weights(float m_a, float m_b) {
   return make_float2(exp2f(m_a - m), exp2f(m_b - m));
 }
 
+/*! \brief The merge of split states by their lse (natural log): each weighs e^(lse - m), m the
+ * largest lse (all -inf: every weight 0); out = sum of weighted outputs * merged_inv(total). No
+ * key anywhere gives 0 and -inf; a NaN lse makes the row NaN (callers set total to NaN: fmaxf
+ * alone would drop it). Shared by MergeSplitsKernel and the cluster merge. */
+__device__ __forceinline__ float split_weight(float lse, float m) { return m == -INFINITY ? 0.f : expf(lse - m); }
+__device__ __forceinline__ float merged_inv(float total) { return total == 0.f ? 0.f : 1.f / total; }
+__device__ __forceinline__ float merged_lse(float m, float total) {
+  return total == 0.f ? -INFINITY : m + logf(total);
+}
+
+/*! \brief Splits merged in one cluster at most. Measured (H200, benchmarks/RESULTS.md): clusters
+ * of 2 to 8 splits take 0.5-1.1 µs off the merge kernel's path; 16 gained nothing. */
+constexpr int kMaxClusterSplits = 8;
+
 template <typename T, typename KV>
 struct DecodeParams {
   T* out;
@@ -104,6 +121,7 @@ struct DecodeParams {
   float q_scale;      // multiplies q . k: scale * log2(e), or scale / cap with a soft cap
   float logit_scale;  // 1, or cap * log2(e) after tanh with a soft cap
   bool soft_cap;
+  bool cluster_merge;  // the splits are one cluster and merge in it (else: MergeSplitsKernel)
   host::CacheScale k_scale, v_scale;  // a float8 cache's dequantization (value 1, no tensor, else)
 };
 
@@ -160,6 +178,45 @@ __device__ __forceinline__ int fp8_out_dim(int j, int col) {
  * rows lane / 4 and lane / 4 + 8, columns 2 (lane % 4) and 2 (lane % 4) + 1 of each 8 columns.
  * A float8 cache's tiles go from shared memory to registers without ldmatrix (see e4m3x2_to_f16x2).
  */
+/*! \brief The cluster merge at DecodeKernel's end: the cluster holds every split of the CTA's
+ * heads (rows row0 + g of out and lse), each split's rows (split_out[g * kStride + d]) and lses
+ * (split_lse[g]) in its shared memory. Block `rank` merges its share of the (row, dim) outputs,
+ * all of its peer loads in flight at once (each takes hundreds of cycles). Not inlined: its
+ * registers would otherwise count against the main loop's, which then spilled. */
+template <int kThreads, int D, int kStride, typename T>
+__device__ __noinline__ void MergeClusterSplits(T* out, float* lse, int64_t row0, const float* split_out,
+                                                const float* split_lse, int heads) {
+  device::cluster_sync();
+  const int n = static_cast<int>(device::cluster_size()), rank = static_cast<int>(device::cluster_rank());
+  for (int idx = rank * kThreads + threadIdx.x; idx < heads * D; idx += n * kThreads) {
+    const int g = idx / D, d = idx % D;
+    float lses[kMaxClusterSplits], values[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      lses[s] = s < n ? *device::cluster_peer(split_lse + g, s) : -INFINITY;
+      values[s] = s < n ? *device::cluster_peer(split_out + g * kStride + d, s) : 0.f;
+    }
+    float m = -INFINITY;
+    bool nan = false;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      m = fmaxf(m, lses[s]);
+      nan |= lses[s] != lses[s];
+    }
+    float total = 0.f, value = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      const float w = split_weight(lses[s], m);
+      total += w;
+      value = fmaf(w, values[s], value);
+    }
+    if (nan) total = NAN;
+    out[(row0 + g) * D + d] = device::from_float<T>(value * merged_inv(total));
+    if (d == 0) lse[row0 + g] = merged_lse(m, total);
+  }
+  device::cluster_sync();  // no block exits while a peer may still read its shared memory
+}
+
 template <typename T, typename KV, int D, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(const DecodeParams<T, KV> p) {
   constexpr bool kFp8 = sizeof(KV) == 1;
@@ -562,6 +619,9 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
   float* warp_o = reinterpret_cast<float*>(smem);        // [kWarps][kRows][kStride]
   float* warp_m = warp_o + kWarps * kRows * kStride;     // [kWarps][kRows]
   float* warp_l = warp_m + kWarps * kRows;               // [kWarps][kRows]
+  float* split_lse = warp_l + kWarps * kRows;            // [kRows]: the CTA's lse (cluster merge)
+  static_assert((kWarps * kRows * (kStride + 2) + kRows) * 4 <= kSmemBytes<D, kWarps, kFp8>,
+                "the epilogue's states must fit the CTA's shared memory");
   const int r0 = lane / 4;
   if (lane % 4 == 0) {
     warp_m[warp * kRows + r0] = m[0];
@@ -618,10 +678,17 @@ __global__ void __launch_bounds__(kWarps * 32, D <= 128 ? 2 : 1) DecodeKernel(co
     if (p.num_splits == 1) {
       p.out[h * D + d] = device::from_float<T>(value);
       if (d == 0) p.lse[h] = lse;
+    } else if (p.cluster_merge) {  // in place: only this thread reads warp 0's (g, d)
+      warp_o[g * kStride + d] = value;
+      if (d == 0) split_lse[g] = lse;
     } else {
       p.partial_out[(h * p.num_splits + split) * D + d] = value;
       if (d == 0) p.partial_lse[h * p.num_splits + split] = lse;
     }
+  }
+  if (p.cluster_merge) {
+    MergeClusterSplits<kThreads, D, kStride>(p.out, p.lse, static_cast<int64_t>(b) * p.num_heads + head0, warp_o,
+                                             split_lse, heads);
   }
 }
 
@@ -672,7 +739,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) MergeSplitsKernel(T* out, fl
   m = device::warp_reduce_max(m);
   nan = __any_sync(device::kFullMask, nan);
   float total = 0.f;
-  for (int s = lane; s < num_splits; s += 32) total += m == -INFINITY ? 0.f : expf(lses[s] - m);
+  for (int s = lane; s < num_splits; s += 32) total += split_weight(lses[s], m);
   total = device::warp_reduce_sum(total);
   if (nan) total = NAN;
   float o[kDims] = {};
@@ -681,7 +748,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) MergeSplitsKernel(T* out, fl
 #pragma unroll
     for (int u = 0; u < kMergeUnroll; ++u) {
       const int s = s0 + u * kMergeWarps;
-      const float w = s < num_splits && m != -INFINITY ? expf(lses[s] - m) : 0.f;
+      const float w = s < num_splits ? split_weight(lses[s], m) : 0.f;
 #pragma unroll
       for (int i = 0; i < kDims; ++i) o[i] = fmaf(w, x[u][i], o[i]);
     }
@@ -689,14 +756,14 @@ __global__ void __launch_bounds__(kMergeWarps * 32) MergeSplitsKernel(T* out, fl
 #pragma unroll
   for (int i = 0; i < kDims; ++i) sums[warp][lane * kDims + i] = o[i];
   __syncthreads();
-  const float inv = total == 0.f ? 0.f : 1.f / total;  // NaN stays NaN
+  const float inv = merged_inv(total);  // NaN stays NaN
   for (int d = threadIdx.x; d < D; d += kMergeWarps * 32) {
     float value = 0.f;
 #pragma unroll
     for (int w = 0; w < kMergeWarps; ++w) value += sums[w][d];
     out[row * D + d] = device::from_float<T>(value * inv);
   }
-  if (threadIdx.x == 0) lse[row] = total == 0.f ? -INFINITY : m + logf(total);
+  if (threadIdx.x == 0) lse[row] = merged_lse(m, total);
 }
 
 /*! \brief One warp per (row, head): the union of two partial states (merge_attention_states). */
@@ -817,14 +884,43 @@ __global__ void __launch_bounds__(kFloatWarps * 32) DecodeFloatKernel(DecodePara
 
 // ---------------------------------------------------------------------------- launch
 
+// Small grids (one CTA per SM at most) on sm_90 run the splits of a (request, KV head) as one
+// cluster that merges them itself (p.cluster_merge), which saves the merge kernel's launch and
+// wait (0.5-1.1 µs, measured). Clusters are placed densely (two CTAs of one cluster share an SM where
+// they fit, leaving other SMs idle), so such a launch asks for more than half an SM's shared
+// memory: each CTA gets an SM of its own. Only where all of the grid's clusters fit at once.
 template <typename T, typename KV, int D, int kWarps>
 void LaunchDecode(DecodeParams<T, KV>& p, DLDevice device, int batch) {
   constexpr bool kFp8 = sizeof(KV) == 1;
+  constexpr int kThreads = kWarps * 32;
   auto kernel = DecodeKernel<T, KV, D, kWarps>;
   host::PreferMaxSharedMemoryCarveout(kernel, device.device_id);
   p.head_chunks = (p.group + kRows - 1) / kRows;
+  const int64_t clusters = static_cast<int64_t>(p.num_kv_heads) * p.head_chunks * batch;
+  int64_t smem = kSmemBytes<D, kWarps, kFp8>;
+  p.cluster_merge = false;
+  if (p.num_splits > 1 && p.num_splits <= kMaxClusterSplits && host::GetComputeCapability(device.device_id) >= 90 &&
+      clusters * p.num_splits <= host::MultiProcessorCount(device.device_id)) {
+    const int64_t spread = std::max(smem, host::SharedMemoryPerMultiprocessor(device.device_id) / 2 + 1);
+    // How many clusters of each size fit at once, asked once per device (this kernel's cache).
+    constexpr int kMaxCachedDevices = 64;
+    static std::atomic<int> fit[kMaxCachedDevices][kMaxClusterSplits + 1] = {};  // clusters + 1; 0: not asked
+    const int dev = device.device_id;
+    int max_clusters = 0;
+    if (dev >= 0 && dev < kMaxCachedDevices && fit[dev][p.num_splits].load(std::memory_order_relaxed) != 0) {
+      max_clusters = fit[dev][p.num_splits].load(std::memory_order_relaxed) - 1;
+    } else {
+      max_clusters = spread <= host::MaxSharedMemoryPerBlock(dev)
+                         ? host::MaxActiveClusters(kernel, dev, p.num_splits, kThreads, spread)
+                         : 0;
+      if (dev >= 0 && dev < kMaxCachedDevices) fit[dev][p.num_splits].store(max_clusters + 1, std::memory_order_relaxed);
+    }
+    p.cluster_merge = clusters <= max_clusters;
+    if (p.cluster_merge) smem = spread;
+  }
   const dim3 grid(p.num_splits, p.num_kv_heads * p.head_chunks, batch);
-  host::LaunchKernel(grid, kWarps * 32, device, kSmemBytes<D, kWarps, kFp8>).enable_pdl(true)(kernel, p);
+  host::LaunchKernel(grid, kThreads, device, smem).enable_pdl(true).cluster(p.cluster_merge ? p.num_splits : 1)(
+      kernel, p);
 }
 
 // The large CTA where the GPU gives a block its shared memory, else the small one.
@@ -913,7 +1009,7 @@ void Decode(const decode_attention::DecodeArgs& a, tvm::ffi::TensorView out, tvm
       default: LaunchDecodeFitting<T, KV, 256>(p, a.device, batch); break;  // the contract allows no other
     }
   }
-  if (a.num_splits > 1) {
+  if (a.num_splits > 1 && !p.cluster_merge) {
     const auto merge = a.head_dim == 64 ? MergeSplitsKernel<T, 64>
                        : a.head_dim == 128 ? MergeSplitsKernel<T, 128>
                                            : MergeSplitsKernel<T, 256>;

@@ -91,6 +91,11 @@ inline int64_t MaxSharedMemoryPerBlock(int device) {
   return CachedDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
 }
 
+/*! \brief The shared memory of one SM of \p device (bytes; its blocks share it). */
+inline int64_t SharedMemoryPerMultiprocessor(int device) {
+  return CachedDeviceAttribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(device);
+}
+
 /*! \brief The number of SMs of \p device. */
 inline int MultiProcessorCount(int device) {
   return CachedDeviceAttribute<cudaDevAttrMultiProcessorCount>(device);
@@ -112,6 +117,35 @@ void PreferMaxSharedMemoryCarveout(Kernel kernel, int device) {
     cudaGetLastError();  // ours: clear it so no later check reports it
   }
   done[device].store(true, std::memory_order_relaxed);
+}
+
+/*!
+ * \brief How many clusters of \p blocks blocks of \p kernel (each \p threads threads and
+ *        \p smem_bytes of dynamic shared memory) \p device can run at once (the occupancy API;
+ *        0 where it refuses, e.g. before sm_90). Above 8 blocks, the portable limit, the kernel is
+ *        allowed a non-portable size. Not cached: callers ask once per configuration.
+ */
+template <typename Kernel>
+int MaxActiveClusters(Kernel kernel, int device, unsigned blocks, int threads, int64_t smem_bytes) {
+  tvm::ffi::CUDADeviceGuard guard(device);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = blocks;
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  const bool asked =
+      (blocks <= 8 || cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) &&
+      (smem_bytes <= 48 * 1024 || cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(smem_bytes)) == cudaSuccess) &&
+      cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess;
+  cudaGetLastError();  // a refusal is an answer, not an error for a later check
+  return asked ? clusters : 0;
 }
 
 /*!
