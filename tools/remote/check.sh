@@ -7,6 +7,10 @@
 #
 #   tools/remote/check.sh              --config=remote-cache: actions run here, results shared
 #   tools/remote/check.sh --exec [N]   --config=remote: actions run on N buildbox workers (2)
+#   tools/remote/check.sh --release-times [N ...]
+#       the release build (--config=release, every arch) on N workers for each N (1 2 4): one
+#       clean clone and output base per N, the remote action cache not consulted
+#       (--noremote_accept_cached: every action runs on the workers); prints each wall time.
 #
 # MLLM_REMOTE_STATE / MLLM_REMOTE_PORT as for services.sh.
 set -euo pipefail
@@ -16,8 +20,8 @@ SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/mllm_remote_check.XXXXXX")
 PORT=${MLLM_REMOTE_PORT:-50051}
 
 cleanup() {
-  for n in 1 2; do  # the Bazel servers of the two clones, then their trees
-    [[ -d $SCRATCH/clone$n ]] && (cd "$SCRATCH/clone$n" && bazel --output_user_root="$SCRATCH/out$n" shutdown) || true
+  for clone in "$SCRATCH"/clone*; do  # the Bazel servers of the clones, then their trees
+    [[ -d $clone ]] && (cd "$clone" && bazel --output_user_root="$SCRATCH/out${clone##*clone}" shutdown) || true
   done
   [[ ${STARTED:-0} == 1 ]] && "$SERVICES" stop || true
   rm -rf "$SCRATCH"
@@ -26,6 +30,17 @@ trap cleanup EXIT
 
 MODE=cache
 if [[ ${1:-} == --exec ]]; then MODE=exec; WORKERS=${2:-2}; fi
+if [[ ${1:-} == --release-times ]]; then
+  shift
+  counts=("$@")
+  [[ ${#counts[@]} -gt 0 ]] || counts=(1 2 4)
+  for workers in "${counts[@]}"; do
+    [[ $workers =~ ^[1-9][0-9]*$ ]] || { echo "check.sh: --release-times takes worker counts, got '$workers'" >&2; exit 2; }
+  done
+  "$SERVICES" install-exec > /dev/null
+  if "$SERVICES" status > /dev/null 2>&1; then echo "check.sh: stop the running services first" >&2; exit 1; fi
+  MODE=release
+fi
 if [[ $MODE == exec ]]; then
   "$SERVICES" install-exec > /dev/null
   # Execution needs the workers and the scheduler, which a running cache-only server lacks.
@@ -33,7 +48,7 @@ if [[ $MODE == exec ]]; then
   STARTED=1
   "$SERVICES" start-exec "$WORKERS"
   FLAGS=(--config=remote "--remote_cache=grpc://127.0.0.1:$PORT" "--remote_executor=grpc://127.0.0.1:$PORT")
-else
+elif [[ $MODE == cache ]]; then
   "$SERVICES" install > /dev/null
   if "$SERVICES" status > /dev/null 2>&1; then STARTED=0; else "$SERVICES" start; STARTED=1; fi
   FLAGS=(--config=remote-cache "--remote_cache=grpc://127.0.0.1:$PORT")
@@ -59,6 +74,25 @@ build() {  # $1: clone number -> prints "<run remotely> <cache hits> <run here> 
   remote=$(count remote "$line")
   echo "$remote $hits $((total - internal - hits - remote)) $((SECONDS - start))"
 }
+
+if [[ $MODE == release ]]; then
+  FLAGS=(--config=release --config=remote "--remote_cache=grpc://127.0.0.1:$PORT"
+         "--remote_executor=grpc://127.0.0.1:$PORT" --noremote_accept_cached)
+  n=0
+  for workers in "${counts[@]}"; do
+    n=$((n + 1))
+    STARTED=1
+    "$SERVICES" start-exec "$workers" > "$SCRATCH/services$n.log"
+    result=$(build $n) || { echo "check.sh: FAIL: the release build on $workers workers failed"; exit 1; }
+    read -r remote hits here secs <<< "$result"
+    echo "release build, $workers worker(s): ${secs}s, $remote actions executed remotely, $hits remote cache hits, $here executed here"
+    (cd "$SCRATCH/clone$n" && bazel --output_user_root="$SCRATCH/out$n" shutdown) || true
+    rm -rf "$SCRATCH/clone$n" "$SCRATCH/out$n"
+    "$SERVICES" stop > /dev/null
+    STARTED=0
+  done
+  exit 0
+fi
 
 status=0
 for n in 1 2; do
