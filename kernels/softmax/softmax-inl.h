@@ -31,8 +31,10 @@ using DF = hn::ScalableTag<float>;
 // (mllm_kernel/cpu/simd_io-inl.h).
 
 // One row: out = softmax(x * inv_temp) or log_softmax(x * inv_temp), accumulated in float32.
-// Three passes over the row (max, sum of exp, write): a vocab row fits in L2, so recomputing
-// exp beats a scratch buffer and keeps fp16/bf16 outputs rounded once.
+// Three passes over the row (max, sum of exp, write). A float32 softmax stores the exps in out
+// during the sum and scales them in place after, one exp per element; fp16/bf16 outputs
+// recompute the exp in the last pass instead (a vocab row fits in L2), so that they are rounded
+// once.
 template <typename T>
 HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, float inv_temp,
                     bool log) {
@@ -62,16 +64,30 @@ HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, floa
   const auto vs2 = hn::Set(df, 2.0f * inv_temp);
   auto scaled = [&](hn::Vec<DF> v) { return hn::Mul(hn::MulSub(v, vhalf, vhalf_max), vs2); };
 
-  // Pass 2: sum of exp((x - max) * s).
+  // Pass 2: sum of exp((x - max) * s); a float32 softmax keeps them in out (never x: the
+  // contract rejects aliasing).
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  const bool keep = kFloat && !log;
   auto vsum0 = hn::Zero(df), vsum1 = hn::Zero(df);
   i = 0;
   for (; i + 2 * lanes <= n; i += 2 * lanes) {
-    vsum0 = hn::Add(vsum0, hn::Exp(df, scaled(LoadF32(df, x + i))));
-    vsum1 = hn::Add(vsum1, hn::Exp(df, scaled(LoadF32(df, x + i + lanes))));
+    const auto e0 = hn::Exp(df, scaled(LoadF32(df, x + i)));
+    const auto e1 = hn::Exp(df, scaled(LoadF32(df, x + i + lanes)));
+    if (keep) {
+      StoreF32(df, e0, out + i);
+      StoreF32(df, e1, out + i + lanes);
+    }
+    vsum0 = hn::Add(vsum0, e0);
+    vsum1 = hn::Add(vsum1, e1);
   }
-  for (; i + lanes <= n; i += lanes) vsum0 = hn::Add(vsum0, hn::Exp(df, scaled(LoadF32(df, x + i))));
+  for (; i + lanes <= n; i += lanes) {
+    const auto e = hn::Exp(df, scaled(LoadF32(df, x + i)));
+    if (keep) StoreF32(df, e, out + i);
+    vsum0 = hn::Add(vsum0, e);
+  }
   if (i < n) {
     const auto e = hn::Exp(df, scaled(LoadF32N(df, x + i, n - i)));
+    if (keep) StoreF32N(df, e, out + i, n - i);
     vsum0 = hn::Add(vsum0, hn::IfThenElseZero(hn::FirstN(df, n - i), e));
   }
   const float sum = hn::ReduceSum(df, hn::Add(vsum0, vsum1));
@@ -82,6 +98,10 @@ HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, floa
     const auto vlog = hn::Set(df, std::log(sum));
     for (; i + lanes <= n; i += lanes) StoreF32(df, hn::Sub(scaled(LoadF32(df, x + i)), vlog), out + i);
     if (i < n) StoreF32N(df, hn::Sub(scaled(LoadF32N(df, x + i, n - i)), vlog), out + i, n - i);
+  } else if (keep) {
+    const auto vinv = hn::Set(df, 1.0f / sum);
+    for (; i + lanes <= n; i += lanes) StoreF32(df, hn::Mul(LoadF32(df, out + i), vinv), out + i);
+    if (i < n) StoreF32N(df, hn::Mul(LoadF32N(df, out + i, n - i), vinv), out + i, n - i);
   } else {
     const auto vinv = hn::Set(df, 1.0f / sum);
     for (; i + lanes <= n; i += lanes) {
