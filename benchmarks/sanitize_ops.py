@@ -54,6 +54,8 @@ def run_all():
             mk.top_k_top_p_sample(logits, 50, 0.9, generator=g)
             mk.top_k_top_p_sample(logits, 0, 0.5, generator=g)
             mk.min_p_sample(torch.softmax(logits.float(), -1).to(dtype), 0.1, generator=g)
+        # Top-k candidates that do not fit one block (ties everywhere) take the full search.
+        mk.top_k_top_p_sample(torch.full((2, 151936), 0.5, device="cuda", dtype=dtype), 50, 0.9, generator=g)
         yield f"sampling {dtype}"
         tokens, heads, kv_heads, head_dim = 7, 8, 2, 80
         qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device="cuda", dtype=dtype)

@@ -35,6 +35,7 @@
 #include "sampling.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -95,17 +96,48 @@ struct SumOp {
   __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a + b; }
 };
 
+/*! \brief The row max and a lower bound of its k-th largest key, reduced together. */
+struct MaxAndFloor {
+  float max;
+  uint32_t floor;
+};
+struct MaxAndFloorOp {
+  __device__ MaxAndFloor operator()(MaxAndFloor a, MaxAndFloor b) const {
+    return {fmaxf(a.max, b.max), a.floor > b.floor ? a.floor : b.floor};
+  }
+};
+
 /*! \brief Shared state of the reductions of one kernel (static shared memory). */
 struct ClusterScratch {
   float max[2];
   uint64_t sum[2];
+  MaxAndFloor max_floor[2];
 };
+
+// A reduction's barrier and its per-block values: over the cluster, or (kCluster false) over
+// this block alone, for a block that holds all of a row's candidates (GatherCandidates).
+template <bool kCluster>
+__device__ __forceinline__ void ReductionSync() {
+  if constexpr (kCluster) {
+    device::cluster_sync();
+  } else {
+    __syncthreads();
+  }
+}
+template <bool kCluster, typename V, typename Fn>
+__device__ __forceinline__ void ForEachBlock(const V* ptr, Fn&& fn) {
+  if constexpr (kCluster) {
+    device::for_each_peer(ptr, fn);
+  } else {
+    fn(0u, *ptr);
+  }
+}
 
 /*! \brief Which slot of each alternating pair a reduction uses next. Held per thread (every
  *         thread flips it alike) rather than in shared memory, so no thread rewrites a shared
  *         value that another may still read. */
 struct Parities {
-  unsigned max = 0, sum = 0, radix = 0, sample = 0;
+  unsigned max = 0, sum = 0, max_floor = 0, radix = 0, sample = 0;
 };
 
 // ----------------------------------------------------------------------------- keys and weights
@@ -200,14 +232,14 @@ struct Selection {
 
 /*!
  * \brief The largest key t with sum(weight of elements with key >= t and key >= floor) >= need,
- *        over the row (the cluster's slices); weight is 1 (kMass false) or weight(x) (a uint32
+ *        over the row (the cluster's slices; this block's slice alone when kCluster is false); weight is 1 (kMass false) or weight(x) (a uint32
  *        fixed-point weight of at most 2^31, as ExpWeight). need = need_of(total), total being
  *        the weight of the elements >= floor, which the first pass sums anyway (no pass of its
  *        own); need_of returns 0 to select them all. Returns t, or a smaller key selecting the
  *        same elements when a bin turns out to hold exactly the rest (or one element), with the
  *        weight it selects. Every thread gets it.
  */
-template <bool kMass, typename T, typename WeightFn, typename NeedFn>
+template <bool kMass, bool kCluster = true, typename T, typename WeightFn, typename NeedFn>
 __device__ Selection RadixSelect(const Slice<T>& s, uint32_t floor, NeedFn&& need_of, WeightFn&& weight,
                                  RadixScratch& rs, unsigned& parity) {
   uint32_t prefix = 0, prefix_mask = 0;
@@ -227,13 +259,13 @@ __device__ Selection RadixSelect(const Slice<T>& s, uint32_t floor, NeedFn&& nee
       atomicAdd(&rs.count[par][digit], 1u);
       if constexpr (kMass) AddMass(rs, par, digit, weight(v));
     }
-    device::cluster_sync();
+    ReductionSync<kCluster>();
     uint64_t c = 0, m = 0;
     if (threadIdx.x < kBins) {
-      device::for_each_peer(&rs.count[par][threadIdx.x], [&](unsigned, uint32_t x) { c += x; });
+      ForEachBlock<kCluster>(&rs.count[par][threadIdx.x], [&](unsigned, uint32_t x) { c += x; });
       if constexpr (kMass) {
-        device::for_each_peer(&rs.mass_lo[par][threadIdx.x], [&](unsigned, uint32_t x) { m += x; });
-        device::for_each_peer(&rs.mass_hi[par][threadIdx.x], [&](unsigned, uint32_t x) { m += static_cast<uint64_t>(x) << 32; });
+        ForEachBlock<kCluster>(&rs.mass_lo[par][threadIdx.x], [&](unsigned, uint32_t x) { m += x; });
+        ForEachBlock<kCluster>(&rs.mass_hi[par][threadIdx.x], [&](unsigned, uint32_t x) { m += static_cast<uint64_t>(x) << 32; });
       }
     }
     parity = par ^ 1u;
@@ -260,12 +292,13 @@ struct SampleScratch {
 };
 
 /*!
- * \brief Inverse CDF over the row (the cluster's slices) with weights w(x) (0 for dropped
+ * \brief Inverse CDF over the row (the cluster's slices; this block's alone when kCluster is
+ *        false) with weights w(x) (0 for dropped
  *        tokens): writes to *out the first index whose running sum exceeds floor(u * total),
  *        or 0 when every weight is 0. Warp j of a block owns a contiguous part of the slice,
  *        so index order is warp order, then block (rank) order.
  */
-template <typename T, typename WeightFn>
+template <bool kCluster, typename T, typename WeightFn>
 __device__ __forceinline__ void SampleIndex(const Slice<T>& s, float u, WeightFn&& w, int64_t* out,
                                             SampleScratch& ss, unsigned& parity) {
   const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
@@ -285,16 +318,16 @@ __device__ __forceinline__ void SampleIndex(const Slice<T>& s, float u, WeightFn
   }
   const unsigned par = parity;
   if (threadIdx.x == 0) ss.block_sums[par] = block_total;
-  device::cluster_sync();
+  ReductionSync<kCluster>();
   uint64_t total = 0, block_before = 0;
   const unsigned rank = device::cluster_rank();
-  device::for_each_peer(&ss.block_sums[par], [&](unsigned r, uint64_t x) {
-    block_before += r < rank ? x : 0;
+  ForEachBlock<kCluster>(&ss.block_sums[par], [&](unsigned r, uint64_t x) {
+    if constexpr (kCluster) block_before += r < rank ? x : 0;
     total += x;
   });
   parity = par ^ 1u;
   if (total == 0) {
-    if (device::cluster_rank() == 0 && threadIdx.x == 0) *out = 0;
+    if ((!kCluster || rank == 0) && threadIdx.x == 0) *out = 0;
     return;
   }
   // u < 1, so target < total: exactly one warp of one block holds the crossing.
@@ -393,12 +426,14 @@ struct SurvivorScratch {
   float values[kMaxSurvivors];
   uint32_t index[kMaxSurvivors];
   uint32_t warp_counts[kWarpThreads];
+  uint32_t count;                                   // published to the cluster (GatherCandidates)
+  uint32_t offset[device::kMaxClusterBlocks];       // where each block's survivors go there
 };
 
-/*! \brief The elements of s with Key >= threshold, in index order, into sv (*out views them);
- *         false (block-uniform) when there are more than kMaxSurvivors. */
+/*! \brief The number of elements of s with Key >= threshold (block-uniform); when it is at most
+ *         kMaxSurvivors, they are copied in index order into sv, and *out views them. */
 template <typename T>
-__device__ bool CompactSurvivors(const Slice<T>& s, uint32_t threshold, SurvivorScratch& sv, Slice<float>* out) {
+__device__ uint32_t CompactSurvivors(const Slice<T>& s, uint32_t threshold, SurvivorScratch& sv, Slice<float>* out) {
   const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
   // Contiguous ranges keep index order; an odd length keeps the 32 lanes' reads in distinct banks.
   const int64_t per = ((s.n + blockDim.x - 1) / blockDim.x) | 1;
@@ -419,7 +454,7 @@ __device__ bool CompactSurvivors(const Slice<T>& s, uint32_t threshold, Survivor
     pos += w < warp ? c : 0;
     total += c;
   }
-  if (total > kMaxSurvivors) return false;
+  if (total > kMaxSurvivors) return total;
   for (int64_t i = begin; i < end; ++i) {
     const float v = device::to_float(s.data[i]);
     if (Key(v) >= threshold) {
@@ -429,14 +464,110 @@ __device__ bool CompactSurvivors(const Slice<T>& s, uint32_t threshold, Survivor
   }
   __syncthreads();
   *out = {sv.values, s.begin, static_cast<int64_t>(total), sv.index};
-  return true;
+  return total;
 }
 
-// A top-k search needs k elements (0 < k < the number searched).
+// A top-k search needs k elements (k > 0); with fewer than k searched it selects them all.
 struct CountNeed {
   int64_t k;
-  __device__ uint64_t operator()(uint64_t) const { return static_cast<uint64_t>(k); }
+  __device__ uint64_t operator()(uint64_t total) const {
+    return total >= static_cast<uint64_t>(k) ? static_cast<uint64_t>(k) : 0;
+  }
 };
+
+// ----------------------------------------------------------------------------- top-k candidates
+// Most of a top-k search's work is in its first radix pass over the whole row. A cheap lower
+// bound of the k-th largest key skips it: every thread's max is one of the row's elements, so
+// the k-th largest of a block's thread maxima has at least k elements at or above it, and so
+// has the largest of these bounds over the cluster (the floor). For k much smaller than a
+// block's threads only a few elements per block reach the floor: the candidates.
+
+inline constexpr uint32_t kKeyAboveMinusInf = 0x00800000u;  // Key(-inf) + 1
+
+// Block 0 gathers the candidates (a float and a uint32 each) into its slice's shared memory,
+// which top_k_top_p launches make at least this large (about 8 blocks' worth at k = 50-100).
+inline constexpr int64_t kMinGatherBytes = 16 * 1024;
+
+// The dynamic shared memory of a launch whose slices fit: the slice, at least min_bytes.
+template <typename T>
+__host__ __device__ __forceinline__ int64_t SliceSmemBytes(int64_t slice_len, int64_t min_bytes) {
+  const int64_t bytes = slice_len * static_cast<int64_t>(sizeof(T));
+  return bytes > min_bytes ? bytes : min_bytes;
+}
+
+/*!
+ * \brief A key at most the k-th largest of the block's thread maxima (-inf ones left out): its
+ *        top 16 bits (two radix passes; sign, exponent and 7 mantissa bits), or 0 when fewer
+ *        than k maxima are finite. Block-local: no cluster barrier, and the rs sets it uses
+ *        are free again when it returns. The maxima of a row crowd into few bins, so each warp
+ *        adds one count per distinct digit rather than one per thread.
+ */
+__device__ __forceinline__ uint32_t KthLargestThreadMax(float thread_max, int64_t k, RadixScratch& rs) {
+  const unsigned lane = threadIdx.x % kWarpThreads;
+  const uint32_t key = thread_max > -INFINITY ? Key(thread_max) : 0u;  // fmaxf: never NaN
+  uint32_t prefix = 0, prefix_mask = 0;
+  uint64_t need = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const int shift = 32 - kRadixBits * (pass + 1);
+    uint32_t* count = rs.count[pass];
+    for (unsigned b = threadIdx.x; b < kBins; b += blockDim.x) count[b] = 0;
+    __syncthreads();
+    const bool in = key != 0 && (key & prefix_mask) == prefix;
+    const unsigned active = __ballot_sync(kFullMask, in);
+    if (in) {
+      const uint32_t digit = (key >> shift) & (kBins - 1);
+      const unsigned peers = __match_any_sync(active, digit);
+      if (lane == static_cast<unsigned>(__ffs(peers) - 1)) atomicAdd(&count[digit], __popc(peers));
+    }
+    __syncthreads();
+    const uint64_t c = threadIdx.x < kBins ? count[threadIdx.x] : 0;
+    need = pass == 0 ? ChooseBin(c, c, CountNeed{k}, rs) : ChooseBin(c, c, [need](uint64_t) { return need; }, rs);
+    if (need == 0) return 0u;  // fewer than k finite maxima
+    need -= rs.above;
+    prefix |= rs.bin << shift;
+    prefix_mask |= static_cast<uint32_t>(kBins - 1) << shift;
+  }
+  return max(prefix, kKeyAboveMinusInf);
+}
+
+/*!
+ * \brief Gathers the row's elements with Key >= floor (the candidates) into block 0 of the
+ *        cluster: each block compacts its own (CompactSurvivors), then block 0 copies them all,
+ *        in rank order (= index order), into values / index (index: the position in the row)
+ *        and *out views them there. Returns false, the same in every block, when some block has
+ *        more than kMaxSurvivors or the row more than `capacity`: nothing is gathered then.
+ */
+template <typename T>
+__device__ bool GatherCandidates(const Slice<T>& s, uint32_t floor, int64_t slice_len, int64_t capacity,
+                                 SurvivorScratch& sv, float* values, uint32_t* index, Slice<float>* out) {
+  Slice<float> mine;
+  const uint32_t n = CompactSurvivors(s, floor, sv, &mine);
+  if (threadIdx.x == 0) sv.count = n;
+  device::cluster_sync();  // every block's count and candidates are written
+  uint64_t total = 0;
+  uint32_t most = 0;
+  device::for_each_peer(&sv.count, [&](unsigned r, uint32_t c) {
+    if (threadIdx.x == 0) sv.offset[r] = static_cast<uint32_t>(total);
+    total += c;
+    most = max(most, c);
+  });
+  if (most > kMaxSurvivors || total > static_cast<uint64_t>(capacity)) return false;
+  if (device::cluster_rank() != 0) return true;
+  __syncthreads();  // sv.offset
+  const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
+  for (unsigned r = warp; r < device::cluster_size(); r += blockDim.x / kWarpThreads) {
+    const SurvivorScratch* peer = device::cluster_peer(&sv, r);
+    const uint32_t c = peer->count, at = sv.offset[r];
+    const uint32_t begin = static_cast<uint32_t>(r * slice_len);
+    for (uint32_t j = lane; j < c; j += kWarpThreads) {
+      values[at + j] = peer->values[j];
+      index[at + j] = begin + peer->index[j];
+    }
+  }
+  __syncthreads();
+  *out = {values, 0, static_cast<int64_t>(total), index};
+  return true;
+}
 
 // The smallest mass >= p * kept of a top-p search (at least one unit: the top token stays);
 // 0 when nothing has weight (nothing to search).
@@ -449,16 +580,17 @@ struct TopPNeed {
 };
 
 // Top-p over the elements with Key >= threshold (p < 1), then the sample; every block of the
-// cluster runs the same reductions, whichever slice (whole or survivors) it walks.
-template <typename T, typename WeightFn>
+// cluster runs the same reductions, whichever slice (whole or survivors) it walks (kCluster), or
+// one block alone holds the row's candidates (kCluster false).
+template <bool kCluster, typename T, typename WeightFn>
 __device__ __forceinline__ void TopPThenSample(const Slice<T>& s, uint32_t threshold, float p, float u,
                                                WeightFn&& weight, ClusterScratch& cs, RadixScratch& rs,
                                                SampleScratch& ss, Parities& par, int64_t* out) {
   if (p < 1.0f) {
-    const Selection nucleus = RadixSelect<true>(s, threshold, TopPNeed{p}, weight, rs, par.radix);
+    const Selection nucleus = RadixSelect<true, kCluster>(s, threshold, TopPNeed{p}, weight, rs, par.radix);
     threshold = max(threshold, nucleus.threshold);
   }
-  SampleIndex(
+  SampleIndex<kCluster>(
       s, u,
       [&](T x) {
         const float v = device::to_float(x);
@@ -484,20 +616,46 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
   float thread_max;
   const Slice<T> s = LoadSlice(logits + b * stride, vocab, slice_len,
                                reinterpret_cast<T*>(slice_smem), in_smem, &thread_max);
-  const float row_max = ClusterMax(thread_max, cs, par);
   // Invalid per-row values are clamped here (the host cannot check device data without a sync).
   const int64_t k = top_k[b];
   const float p = fminf(fmaxf(top_p[b], 0.0f), 1.0f);
   const float u = fminf(fmaxf(uniforms[b], 0.0f), 0x1.fffffep-1f);
+  const bool top_k_on = k > 0 && k < vocab;
 
-  uint32_t threshold = 0;  // tokens with Key(logit) >= threshold are kept
+  // The row max and the floor of the top-k set (0: none) in one cluster reduction.
+  const uint32_t bound = top_k_on ? KthLargestThreadMax(thread_max, k, rs) : 0u;
+  const MaxAndFloor mf = device::cluster_all_reduce(MaxAndFloor{device::block_reduce_max(thread_max), bound},
+                                                    MaxAndFloorOp{}, cs.max_floor, par.max_floor);
+  const float row_max = mf.max;
+  const uint32_t floor = mf.floor;
   auto weight = [row_max](float v) { return ExpWeight(v, row_max); };
-  if (k > 0 && k < vocab) threshold = RadixSelect<false>(s, 0u, CountNeed{k}, weight, rs, par.radix).threshold;
+
+  // Block 0 gathers the candidates into its slice's shared memory (no longer needed) and
+  // finishes the row alone: no cluster barrier per radix pass, and the other blocks leave
+  // early, so that their SMs take the next rows.
+  const int64_t capacity =
+      in_smem && vocab <= UINT32_MAX ? SliceSmemBytes<T>(slice_len, kMinGatherBytes) / 8 : 0;
+  float* gathered_values = reinterpret_cast<float*>(slice_smem);
+  Slice<float> candidates;
+  if (floor != 0 && GatherCandidates(s, floor, slice_len, capacity, sv, gathered_values,
+                                     reinterpret_cast<uint32_t*>(gathered_values + capacity), &candidates)) {
+    device::cluster_sync();  // block 0 has copied the candidates out of every block
+    if (device::cluster_rank() == 0) {
+      const uint32_t threshold =
+          max(floor, RadixSelect<false, false>(candidates, floor, CountNeed{k}, weight, rs, par.radix).threshold);
+      TopPThenSample<false>(candidates, threshold, p, u, weight, cs, rs, ss, par, out + b);
+    }
+    device::pdl_launch_dependents();
+    return;  // no block reads another's shared memory any more
+  }
+  // Otherwise every block searches its slice, the floor skipping most of it.
+  uint32_t threshold = 0;  // tokens with Key(logit) >= threshold are kept
+  if (top_k_on) threshold = max(floor, RadixSelect<false>(s, floor, CountNeed{k}, weight, rs, par.radix).threshold);
   Slice<float> survivors;
-  if (threshold != 0 && CompactSurvivors(s, threshold, sv, &survivors)) {
-    TopPThenSample(survivors, threshold, p, u, weight, cs, rs, ss, par, out + b);
+  if (threshold != 0 && CompactSurvivors(s, threshold, sv, &survivors) <= kMaxSurvivors) {
+    TopPThenSample<true>(survivors, threshold, p, u, weight, cs, rs, ss, par, out + b);
   } else {
-    TopPThenSample(s, threshold, p, u, weight, cs, rs, ss, par, out + b);
+    TopPThenSample<true>(s, threshold, p, u, weight, cs, rs, ss, par, out + b);
   }
   device::cluster_sync();  // peers may still read this block's shared memory
   device::pdl_launch_dependents();
@@ -521,7 +679,7 @@ __global__ void __launch_bounds__(1024, 1)
   const float threshold = fminf(fmaxf(min_p[b], 0.0f), 1.0f) * max_p;
   const float u = fminf(fmaxf(uniforms[b], 0.0f), 0x1.fffffep-1f);
   const float scale = 0x1p31f / max_p;  // weights relative to the max: the top token is 2^31
-  SampleIndex(
+  SampleIndex<true>(
       s, u,
       [&](T x) {
         const float v = device::to_float(x);
@@ -636,16 +794,33 @@ inline host::RowClusterPlan PlanRows(const sampling::SampleArgs& a, int64_t elem
   return plan;
 }
 
-// One cluster per row: kernel(out, rows, vocab, stride, plan.slice, extra...); nothing for an
-// empty batch.
-template <typename Kernel, typename Out, typename T, typename... Extra>
-inline void LaunchRows(const sampling::SampleArgs& a, const host::RowClusterPlan& plan, Kernel kernel, Out* out,
-                       const T* rows, Extra... extra) {
+// Lets kKernel take up to `bytes` of dynamic shared memory on `device`, once per kernel and
+// device. Above 48 KiB less its static scratch a launch needs this opt-in; plan_row_cluster's
+// occupancy query makes it too, but only for the first kernel of a function type.
+template <auto kKernel>
+inline void AllowDynamicSmem(int device, int64_t bytes) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<bool> done[kMaxCachedDevices] = {};
+  if (device < 0 || device >= kMaxCachedDevices || done[device].load(std::memory_order_relaxed)) return;
+  tvm::ffi::CUDADeviceGuard guard(device);
+  if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) !=
+      cudaSuccess) {
+    cudaGetLastError();  // the launch reports what remains wrong
+  }
+  done[device].store(true, std::memory_order_relaxed);
+}
+
+// One cluster per row: kKernel(out, rows, vocab, stride, plan.slice, extra...), with at least
+// kMinSmem bytes of dynamic shared memory when slices are copied; nothing for an empty batch.
+template <auto kKernel, int64_t kMinSmem = 0, typename Out, typename T, typename... Extra>
+inline void LaunchRows(const sampling::SampleArgs& a, const host::RowClusterPlan& plan, Out* out, const T* rows,
+                       Extra... extra) {
   if (a.batch == 0) return;
-  const size_t smem = plan.fits ? static_cast<size_t>(plan.slice) * sizeof(T) : 0;
+  const size_t smem = plan.fits ? static_cast<size_t>(SliceSmemBytes<T>(plan.slice, kMinSmem)) : 0;
+  if (plan.fits) AllowDynamicSmem<kKernel>(a.device.device_id, std::max(kSliceBytes, kMinSmem));
   host::LaunchKernel(dim3(static_cast<unsigned>(a.batch) * plan.cluster), dim3(plan.threads), a.device, smem)
       .enable_pdl(true)
-      .cluster(plan.cluster)(kernel, out, rows, a.vocab, a.stride, plan.slice, extra...);
+      .cluster(plan.cluster)(kKernel, out, rows, a.vocab, a.stride, plan.slice, extra...);
 }
 
 // A filter op: verifies, plans and launches FilterKernel<T, kFilter> (param: top_k or top_p).
@@ -655,7 +830,7 @@ inline void LaunchFilter(const char* op, const char* in_name, const char* param_
   using host::data_ptr;
   const auto a = sampling::VerifyFilter<kDLCUDA, P>(op, in_name, param_name, out, in, param);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
-    const auto kernel = FilterKernel<T, kFilter>;
+    constexpr auto kernel = FilterKernel<T, kFilter>;
     const auto plan = PlanRows(a, sizeof(T), true, kernel);
     const int64_t* top_k = nullptr;
     const float* top_p = nullptr;
@@ -664,7 +839,7 @@ inline void LaunchFilter(const char* op, const char* in_name, const char* param_
     } else {
       top_k = data_ptr<const int64_t>(param);
     }
-    LaunchRows(a, plan, kernel, data_ptr<T>(out), data_ptr<const T>(in), plan.fits,
+    LaunchRows<kernel>(a, plan, data_ptr<T>(out), data_ptr<const T>(in), plan.fits,
                top_k, top_p);
   });
 }
@@ -676,9 +851,9 @@ inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits)
   using host::data_ptr;
   const auto a = mllm_kernel::sampling::VerifyGreedySample<kDLCUDA>(out, logits);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
-    const auto kernel = sampling_detail::GreedyKernel<T>;
+    constexpr auto kernel = sampling_detail::GreedyKernel<T>;
     const auto plan = sampling_detail::PlanRows(a, sizeof(T), false, kernel);
-    sampling_detail::LaunchRows(a, plan, kernel, data_ptr<int64_t>(out), data_ptr<const T>(logits));
+    sampling_detail::LaunchRows<kernel>(a, plan, data_ptr<int64_t>(out), data_ptr<const T>(logits));
   });
 }
 
@@ -694,11 +869,11 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
   const auto a =
       mllm_kernel::sampling::VerifyTopKTopPSample<kDLCUDA>(out, logits, uniforms, top_k, top_p);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
-    const auto kernel = sampling_detail::TopKTopPKernel<T>;
+    constexpr auto kernel = sampling_detail::TopKTopPKernel<T>;
     const auto plan = sampling_detail::PlanRows(a, sizeof(T), true, kernel);
-    sampling_detail::LaunchRows(a, plan, kernel, data_ptr<int64_t>(out), data_ptr<const T>(logits),
-                                plan.fits, data_ptr<const float>(uniforms),
-                                data_ptr<const int64_t>(top_k), data_ptr<const float>(top_p));
+    sampling_detail::LaunchRows<kernel, sampling_detail::kMinGatherBytes>(
+        a, plan, data_ptr<int64_t>(out), data_ptr<const T>(logits), plan.fits, data_ptr<const float>(uniforms),
+        data_ptr<const int64_t>(top_k), data_ptr<const float>(top_p));
   });
 }
 
@@ -711,9 +886,9 @@ inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
   using host::data_ptr;
   const auto a = mllm_kernel::sampling::VerifyMinPSample<kDLCUDA>(out, probs, uniforms, min_p);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
-    const auto kernel = sampling_detail::MinPKernel<T>;
+    constexpr auto kernel = sampling_detail::MinPKernel<T>;
     const auto plan = sampling_detail::PlanRows(a, sizeof(T), true, kernel);
-    sampling_detail::LaunchRows(a, plan, kernel, data_ptr<int64_t>(out), data_ptr<const T>(probs),
+    sampling_detail::LaunchRows<kernel>(a, plan, data_ptr<int64_t>(out), data_ptr<const T>(probs),
                                 plan.fits, data_ptr<const float>(uniforms),
                                 data_ptr<const float>(min_p));
   });

@@ -552,6 +552,46 @@ def test_sampling_cuda_same_token_for_every_plan():
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_top_k_candidates_and_their_fallbacks(dtype):
+    # A top-k search first bounds the k-th largest logit by the blocks' thread maxima and keeps
+    # the few logits above it in one block; rows where that does not hold or does not fit take
+    # the full search. Each row below takes one of these paths; all must give the reference token.
+    batch, vocab = 6, 151936
+    x = make_logits(batch, vocab, torch.float32, seed=31)
+    x[1, 1000:40000] = 9.0   # ties at the k-th largest span whole blocks: too many candidates
+    x[2] = 0.5               # one value everywhere: every logit is a candidate
+    x[3, 30:] = -float("inf")  # fewer finite logits than k: no bound
+    x[4, ::997] += 20.0      # a few large logits spread over every block
+    x = x.to(dtype)
+    k = torch.tensor([50, 50, 5, 50, 200, 1], dtype=torch.int64)
+    p = torch.tensor([0.9, 0.5, 0.7, 0.95, 0.8, 1.0], dtype=torch.float32)
+    for b in (0, 4):
+        p[b] = top_p_between_tokens(x[b], int(k[b]), [7, 0, 0, 0, 40][b])
+    u = safe_uniforms(batch, seed=32)
+    ref, margins = ref_top_k_top_p(x, u, k, p)
+    for b in range(batch):  # uniforms off CDF boundaries
+        for _ in range(10):
+            if margins[b] > BOUNDARY:
+                break
+            u[b] = (u[b] + 0.3137) % 1.0
+            ref[b], margins[b] = (t[0] for t in ref_top_k_top_p(x[b:b + 1], u[b:b + 1], k[b:b + 1], p[b:b + 1]))
+    out = top_k_top_p_sample_from_uniforms(x.cuda(), u.cuda(), k.cuda(), p.cuda()).cpu()
+    assert (margins > BOUNDARY).all()
+    assert torch.equal(out, ref), (out, ref)
+    # The same rows alone (a cluster of 16 blocks each) and repeated in a batch of 64 (other plans).
+    alone = torch.cat([top_k_top_p_sample_from_uniforms(x[b:b + 1].cuda(), u[b:b + 1].cuda(), k[b:b + 1].cuda(),
+                                                        p[b:b + 1].cuda()).cpu() for b in range(batch)])
+    assert torch.equal(alone, ref)
+    rep = torch.arange(64) % batch
+    many = top_k_top_p_sample_from_uniforms(x[rep].cuda(), u[rep].cuda(), k[rep].cuda(), p[rep].cuda()).cpu()
+    assert torch.equal(many, ref[rep])
+    # The top-k filters on the same rows (they search the whole slice; see TUNING.md).
+    check_filter("top_k_mask_logits", "cuda", x, k)
+    check_filter("top_k_renorm_probs", "cuda", torch.softmax(x.double(), -1).to(dtype), k)
+
+
+@requires_cuda
 def test_sampling_cuda_graph():
     x = make_logits(4, 32000, torch.bfloat16, seed=17, device="cuda")
     u = safe_uniforms(4, seed=18, device="cuda")
