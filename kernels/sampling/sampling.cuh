@@ -8,12 +8,15 @@
  * copies it into its shared memory when it fits, so every later pass reads shared memory, not
  * L2. The plan (cluster size, threads, slice) depends on the shape only: CUDA-graph safe.
  *  - greedy: one pass, (value, index) argmax over the block, then over the cluster.
- *  - top-k / top-p: the max, then radix selection on the order-preserving uint32 key of the
- *    logit, 8 bits per pass (at most 4 passes each, fewer when a bin holds exactly the rest):
- *    top-k picks the k-th largest key from bin counts, top-p the largest key whose kept mass
- *    reaches top_p of the top-k set's mass from bin sums of exp. Bins are summed over the
- *    cluster through distributed shared memory. After top-k, each block compacts its few
- *    survivors, and top-p and the sample walk those instead of the slice.
+ *  - top-k / top-p: radix selection on the order-preserving uint32 key of the logit, 8 bits
+ *    per pass (at most 4 passes each, fewer when a bin holds exactly the rest): top-k picks the
+ *    k-th largest key from bin counts, top-p the largest key whose kept mass reaches top_p of
+ *    the top-k set's mass from bin sums of exp. With top-k, the thread maxima first bound the
+ *    k-th largest key from below (the floor, reduced with the row max); block 0 gathers the
+ *    row's few elements above it and runs both searches and the sample alone, while the other
+ *    blocks leave. Otherwise (no top-k, or too many candidates: ties) bins are summed over the
+ *    cluster through distributed shared memory, and after top-k each block compacts its
+ *    survivors, which top-p and the sample walk instead of the slice.
  *  - min-p: the max, then the threshold is known.
  *  - filters (top_k_mask_logits, top_k_renorm_probs, top_p_renorm_probs): the same selections,
  *    then each block writes its slice of the output row.
