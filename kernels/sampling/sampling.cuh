@@ -32,6 +32,7 @@
 #ifndef MLLM_KERNEL_KERNELS_SAMPLING_CUH_
 #define MLLM_KERNEL_KERNELS_SAMPLING_CUH_
 
+#include <mllm_kernel/cuda/mma.cuh>  // cp_async_16
 #include <mllm_kernel/row_cluster.cuh>
 #include <mllm_kernel/utils.cuh>
 
@@ -72,12 +73,21 @@ __device__ __forceinline__ Slice<T> LoadSlice(const T* row, int64_t vocab, int64
   if (device::is_aligned<16>(src)) {  // slice_len is whole vectors: src aligned iff row is
     constexpr int kVec = device::kVecSize<T>;
     using Vec = AlignedVector<T, kVec>;
+    if (in_smem) {
+      // Asynchronous copies put all of a thread's 16-byte loads in flight at once (a load and a
+      // store per step keep one in flight); the max then reads the thread's own copies back.
+      for (int64_t v = threadIdx.x; v < n / kVec; v += blockDim.x) {
+        device::cp_async_16(copy + v * kVec, src + v * kVec, true);
+      }
+      device::cp_async_commit();
+      device::cp_async_wait<0>();
+    }
+    const T* from = in_smem ? copy : src;
     for (int64_t v = threadIdx.x; v < n / kVec; v += blockDim.x) {
       Vec a;
-      a.load(src, v);
+      a.load(from, v);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) m = fmaxf(m, device::to_float(a[k]));
-      if (in_smem) a.store(copy, v);
     }
     start = n / kVec * kVec;
   }
