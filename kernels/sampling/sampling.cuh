@@ -42,6 +42,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace mllm_kernel::gpu {
 
@@ -53,8 +54,10 @@ using device::kWarpThreads;
 
 // ----------------------------------------------------------------------------- the row slice
 
-/*! \brief This block's part of a row: n elements, data[0] is element `begin` of the row. */
-template <typename T>
+/*! \brief This block's part of a row: n elements, data[0] is element `begin` of the row.
+ *         Source: the row's dtype, of which compacted slices hold float copies (its key bits
+ *         bound the radix passes, the same in every block whichever slice it walks). */
+template <typename T, typename Source = T>
 struct Slice {
   const T* data;  // this block's shared-memory copy, or the row itself in global memory
   int64_t begin, n;
@@ -173,6 +176,12 @@ __device__ __forceinline__ uint32_t ProbWeight(float p, float scale) { return __
 // ----------------------------------------------------------------------------- radix selection
 
 inline constexpr int kRadixBits = 8, kBins = 1 << kRadixBits;
+
+// The leading bits of Key(x) that tell values of T apart (the rest follow from the sign): 16
+// for bfloat16 and 19 for float16 (sign, exponent, mantissa widened to float), so their searches
+// end after 2 and 3 passes instead of going on through bins of equal values.
+template <typename T>
+inline constexpr int kKeyBits = std::is_same_v<T, device::bf16_t> ? 16 : std::is_same_v<T, device::fp16_t> ? 19 : 32;
 // Bins are updated with one shared-memory atomic per element and count (32-bit: see AddMass).
 // Measured on H100 (TUNING.md, 64 x 128256 fp32 top-p): aggregating the first pass per warp
 // (__match_any_sync, partial-mask reductions, 64-bit atomics) took 2x the time of this.
@@ -245,19 +254,20 @@ struct Selection {
 
 /*!
  * \brief The largest key t with sum(weight of elements with key >= t and key >= floor) >= need,
- *        over the row (the cluster's slices; this block's slice alone when kCluster is false); weight is 1 (kMass false) or weight(x) (a uint32
- *        fixed-point weight of at most 2^31, as ExpWeight). need = need_of(total), total being
- *        the weight of the elements >= floor, which the first pass sums anyway (no pass of its
- *        own); need_of returns 0 to select them all. Returns t, or a smaller key selecting the
- *        same elements when a bin turns out to hold exactly the rest (or one element), with the
- *        weight it selects. Every thread gets it.
+ *        over the row (the cluster's slices; this block's slice alone when kCluster is false);
+ *        weight is 1 (kMass false) or weight(x) (a uint32 fixed-point weight of at most 2^31, as
+ *        ExpWeight). need = need_of(total), total being the weight of the elements >= floor,
+ *        which the first pass sums anyway (no pass of its own); need_of returns 0 to select them
+ *        all. Returns t, or a smaller key selecting the same elements when a bin turns out to
+ *        hold exactly the rest, one element or one value of the row's dtype (kKeyBits), with
+ *        the weight it selects. Every thread gets it.
  */
-template <bool kMass, bool kCluster = true, typename T, typename WeightFn, typename NeedFn>
-__device__ Selection RadixSelect(const Slice<T>& s, uint32_t floor, NeedFn&& need_of, WeightFn&& weight,
+template <bool kMass, bool kCluster = true, typename T, typename Source, typename WeightFn, typename NeedFn>
+__device__ Selection RadixSelect(const Slice<T, Source>& s, uint32_t floor, NeedFn&& need_of, WeightFn&& weight,
                                  RadixScratch& rs, unsigned& parity) {
   uint32_t prefix = 0, prefix_mask = 0;
   uint64_t need = 0, above = 0;  // above: the weight of elements above the current bin
-  for (int shift = 32 - kRadixBits; shift >= 0; shift -= kRadixBits) {
+  for (int shift = 32 - kRadixBits; shift > 32 - kKeyBits<Source> - kRadixBits; shift -= kRadixBits) {
     const unsigned par = parity;
     for (unsigned b = threadIdx.x; b < kBins; b += blockDim.x) {
       rs.count[par][b] = 0;
@@ -311,8 +321,8 @@ struct SampleScratch {
  *        or 0 when every weight is 0. Warp j of a block owns a contiguous part of the slice,
  *        so index order is warp order, then block (rank) order.
  */
-template <bool kCluster, typename T, typename WeightFn>
-__device__ __forceinline__ void SampleIndex(const Slice<T>& s, float u, WeightFn&& w, int64_t* out,
+template <bool kCluster, typename T, typename Source, typename WeightFn>
+__device__ __forceinline__ void SampleIndex(const Slice<T, Source>& s, float u, WeightFn&& w, int64_t* out,
                                             SampleScratch& ss, unsigned& parity) {
   const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
   const unsigned num_warps = blockDim.x / kWarpThreads;
@@ -446,7 +456,8 @@ struct SurvivorScratch {
 /*! \brief The number of elements of s with Key >= threshold (block-uniform); when it is at most
  *         kMaxSurvivors, they are copied in index order into sv, and *out views them. */
 template <typename T>
-__device__ uint32_t CompactSurvivors(const Slice<T>& s, uint32_t threshold, SurvivorScratch& sv, Slice<float>* out) {
+__device__ uint32_t CompactSurvivors(const Slice<T>& s, uint32_t threshold, SurvivorScratch& sv,
+                                    Slice<float, T>* out) {
   const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
   // Contiguous ranges keep index order; an odd length keeps the 32 lanes' reads in distinct banks.
   const int64_t per = ((s.n + blockDim.x - 1) / blockDim.x) | 1;
@@ -552,8 +563,8 @@ __device__ __forceinline__ uint32_t KthLargestThreadMax(float thread_max, int64_
  */
 template <typename T>
 __device__ bool GatherCandidates(const Slice<T>& s, uint32_t floor, int64_t slice_len, int64_t capacity,
-                                 SurvivorScratch& sv, float* values, uint32_t* index, Slice<float>* out) {
-  Slice<float> mine;
+                                 SurvivorScratch& sv, float* values, uint32_t* index, Slice<float, T>* out) {
+  Slice<float, T> mine;
   const uint32_t n = CompactSurvivors(s, floor, sv, &mine);
   if (threadIdx.x == 0) sv.count = n;
   device::cluster_sync();  // every block's count and candidates are written
@@ -595,8 +606,8 @@ struct TopPNeed {
 // Top-p over the elements with Key >= threshold (p < 1), then the sample; every block of the
 // cluster runs the same reductions, whichever slice (whole or survivors) it walks (kCluster), or
 // one block alone holds the row's candidates (kCluster false).
-template <bool kCluster, typename T, typename WeightFn>
-__device__ __forceinline__ void TopPThenSample(const Slice<T>& s, uint32_t threshold, float p, float u,
+template <bool kCluster, typename T, typename Source, typename WeightFn>
+__device__ __forceinline__ void TopPThenSample(const Slice<T, Source>& s, uint32_t threshold, float p, float u,
                                                WeightFn&& weight, ClusterScratch& cs, RadixScratch& rs,
                                                SampleScratch& ss, Parities& par, int64_t* out) {
   if (p < 1.0f) {
@@ -649,7 +660,7 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
   const int64_t capacity =
       in_smem && vocab <= UINT32_MAX ? SliceSmemBytes<T>(slice_len, kMinGatherBytes) / 8 : 0;
   float* gathered_values = reinterpret_cast<float*>(slice_smem);
-  Slice<float> candidates;
+  Slice<float, T> candidates;
   if (floor != 0 && GatherCandidates(s, floor, slice_len, capacity, sv, gathered_values,
                                      reinterpret_cast<uint32_t*>(gathered_values + capacity), &candidates)) {
     device::cluster_sync();  // block 0 has copied the candidates out of every block
@@ -664,7 +675,7 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
   // Otherwise every block searches its slice, the floor skipping most of it.
   uint32_t threshold = 0;  // tokens with Key(logit) >= threshold are kept
   if (top_k_on) threshold = max(floor, RadixSelect<false>(s, floor, CountNeed{k}, weight, rs, par.radix).threshold);
-  Slice<float> survivors;
+  Slice<float, T> survivors;
   if (threshold != 0 && CompactSurvivors(s, threshold, sv, &survivors) <= kMaxSurvivors) {
     TopPThenSample<true>(survivors, threshold, p, u, weight, cs, rs, ss, par, out + b);
   } else {

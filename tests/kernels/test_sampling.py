@@ -552,7 +552,7 @@ def test_sampling_cuda_same_token_for_every_plan():
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_top_k_candidates_and_their_fallbacks(dtype):
     # A top-k search first bounds the k-th largest logit by the blocks' thread maxima and keeps
     # the few logits above it in one block; rows where that does not hold or does not fit take
