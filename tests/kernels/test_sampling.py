@@ -116,6 +116,19 @@ def top_p_between_tokens(x: torch.Tensor, k: int, rank: int) -> float:
     return f32((low + cum[rank]) / 2) if rank + 1 < len(cum) else 1.0
 
 
+def ref_top_k_top_p_off_boundaries(x, u, k, p, rows):
+    """ref_top_k_top_p of the given rows, after moving each row's uniform (u, in place) off CDF
+    boundaries where a few tries can, so that every checked row counts."""
+    ref, margins = ref_top_k_top_p(x[rows], u[rows], k[rows], p[rows])
+    for i, b in enumerate(rows):
+        for _ in range(10):
+            if margins[i] > BOUNDARY:
+                break
+            u[b] = (u[b] + 0.3137) % 1.0
+            ref[i], margins[i] = (t[0] for t in ref_top_k_top_p(x[b:b + 1], u[b:b + 1], k[b:b + 1], p[b:b + 1]))
+    return ref, margins
+
+
 def safe_uniforms(batch, seed, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     return torch.rand(batch, generator=g).to(device)
@@ -511,13 +524,7 @@ def test_sampling_cuda_launch_plans(batch, vocab, dtype):
     p = torch.tensor([[1.0, 0.5, 0.9, 0.95, 0.3, 0.8, 0.9][b % 7] for b in range(batch)], dtype=torch.float32)
     for b in rows:
         p[b] = top_p_between_tokens(x[b], int(k[b]), [0, 2, 3, 10, 30, 1, 40][b % 7]) if b % 7 else 1.0
-    ref, margins = ref_top_k_top_p(x[rows], u[rows], k[rows], p[rows])
-    for i, b in enumerate(rows):  # uniforms off CDF boundaries, so every checked row counts
-        for _ in range(10):
-            if margins[i] > BOUNDARY:
-                break
-            u[b] = (u[b] + 0.3137) % 1.0
-            ref[i], margins[i] = (t[0] for t in ref_top_k_top_p(x[b:b + 1], u[b:b + 1], k[b:b + 1], p[b:b + 1]))
+    ref, margins = ref_top_k_top_p_off_boundaries(x, u, k, p, rows)
     out = top_k_top_p_sample_from_uniforms(x.cuda(), u.cuda(), k.cuda(), p.cuda()).cpu()
     assert_tokens_match(out[rows], ref, margins)
     for b in range(batch):  # every row: a kept token (its logit reaches the row's k-th largest)
@@ -569,13 +576,7 @@ def test_top_k_candidates_and_their_fallbacks(dtype):
     for b in (0, 4):
         p[b] = top_p_between_tokens(x[b], int(k[b]), [7, 0, 0, 0, 40][b])
     u = safe_uniforms(batch, seed=32)
-    ref, margins = ref_top_k_top_p(x, u, k, p)
-    for b in range(batch):  # uniforms off CDF boundaries
-        for _ in range(10):
-            if margins[b] > BOUNDARY:
-                break
-            u[b] = (u[b] + 0.3137) % 1.0
-            ref[b], margins[b] = (t[0] for t in ref_top_k_top_p(x[b:b + 1], u[b:b + 1], k[b:b + 1], p[b:b + 1]))
+    ref, margins = ref_top_k_top_p_off_boundaries(x, u, k, p, list(range(batch)))
     out = top_k_top_p_sample_from_uniforms(x.cuda(), u.cuda(), k.cuda(), p.cuda()).cpu()
     assert (margins > BOUNDARY).all()
     assert torch.equal(out, ref), (out, ref)
