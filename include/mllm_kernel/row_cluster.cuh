@@ -82,8 +82,8 @@ inline bool cluster16_fits(Kernel kernel, int device, int64_t smem_bytes) {
  * \brief The plan for `rows` rows of `vocab` elements of `elem_bytes`: blocks per row doubled
  *        (up to 16 on sm_90, 1 before) while the grid stays within two blocks per SM, then while
  *        a slice exceeds `slice_bytes` (if copy_slices); slices are whole `align_elems` units;
- *        about 8 elements per thread, 256 to 1024 threads (512 once the grid has two blocks per
- *        SM). `kernel` is asked whether 16 fit.
+ *        about 8 elements per thread, 256 to 1024 threads (512 once the grid has more blocks
+ *        than SMs). `kernel` is asked whether 16 fit.
  */
 template <typename Kernel>
 inline RowClusterPlan plan_row_cluster(int64_t rows, int64_t vocab, int64_t elem_bytes, int64_t align_elems,
@@ -98,9 +98,10 @@ inline RowClusterPlan plan_row_cluster(int64_t rows, int64_t vocab, int64_t elem
   auto slice_for = [&](unsigned c) { return div_ceil(div_ceil(vocab, c), align_elems) * align_elems; };
   while (copy_slices && can_grow() && slice_for(cluster) * elem_bytes > slice_bytes) cluster *= 2;
   const int64_t slice = slice_for(cluster);
-  // Grids of many blocks: at most 512 threads, so two blocks share an SM (one loads while the
-  // other computes); few blocks: up to 1024, to finish each slice sooner.
-  const int64_t max_threads = rows * cluster >= 2 * sms ? 512 : 1024;
+  // Grids of more blocks than SMs: at most 512 threads, so two blocks share an SM (one loads
+  // while the other computes, and one wave holds twice as many); few blocks: up to 1024, to
+  // finish each slice sooner.
+  const int64_t max_threads = rows * cluster > sms ? 512 : 1024;
   const int64_t threads = std::clamp<int64_t>(div_ceil(slice, 8 * 32) * 32, 256, max_threads);
   return {cluster, static_cast<unsigned>(threads), slice, slice * elem_bytes <= slice_bytes};
 }
