@@ -46,6 +46,25 @@ _MAX_GRID = (2**31 - 1, 65535, 65535)
 _get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def _exchange_dtypes(dtypes: tuple) -> tuple | None:
+    """The fast path's accepted dtypes as DLPack codes (bytes of the extension's packed uint32s
+    per pointer parameter), for reading tensors through torch's DLPack C exchange API; None where
+    torch has none (before 2.10) or cannot export one of the dtypes, and the fast path then reads
+    torch's attributes. The codes come from torch's own export of an empty tensor of each dtype."""
+    try:
+        from . import _launch
+    except ImportError:
+        return None
+    if not _launch.set_exchange(getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)):
+        return None
+    try:
+        return tuple(None if accepted is None else
+                     b"".join(struct.pack("=I", _launch.exchange_dtype(torch.empty(0, dtype=d))) for d in accepted)
+                     for accepted in dtypes)  # fmt: skip
+    except Exception:  # noqa: BLE001 - a dtype torch cannot export: attributes instead
+        return None
+
+
 class KernelArgumentError(TypeError):
     """An argument does not fit its kernel parameter (raised before anything is launched)."""
 
@@ -358,7 +377,8 @@ class CompiledKernel(driver.launcher_base()):
         dtypes = tuple(tuple(info[0]) if kind == _POINTER and info[0] is not None else None
                        for kind, info in zip(self._kinds, self._infos))  # fmt: skip
         self._specs: list[bytes | None] = []  # per device, once the kernel is loaded there (_publish_spec)
-        self._plan = (self.name, self._specs, torch.Tensor, torch.cuda.Stream, _get_raw_stream, dtypes)
+        self._plan = (self.name, self._specs, torch.Tensor, torch.cuda.Stream, _get_raw_stream, dtypes,
+                      _exchange_dtypes(dtypes))  # fmt: skip
 
     def _publish_spec(self, device: int, context: int, function: int) -> None:
         """Let the fast path launch on `device` (once the function allows its default dynamic

@@ -23,6 +23,70 @@ typedef int (*LaunchEntry)(int64_t record, char* message, size_t capacity);
 static LaunchEntry entry = NULL;
 static PyObject *s_is_cuda, *s_dtype, *s_get_device, *s_data_ptr, *s_device_index, *s_cuda_stream;
 
+/* The part of DLPack 1.x's C exchange API that the fast path reads (dlpack.h's DLTensor and
+ * DLPackExchangeAPI; declared here because the extension builds with Python's headers only).
+ * torch >= 2.10 sets one on torch.Tensor as the capsule `__dlpack_c_exchange_api__`: a tensor's
+ * device, dtype and data pointer in one C call (four attribute lookups otherwise, 80-100 ns
+ * each), and torch's current stream without a Python call. */
+enum { kDLCUDA = 2 };
+typedef struct {
+  int32_t device_type, device_id;
+} DLDevice;
+typedef struct {
+  uint8_t code, bits;
+  uint16_t lanes;
+} DLDataType;
+typedef struct {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t *shape, *strides;
+  uint64_t byte_offset;
+} DLTensor;
+typedef struct ExchangeHeader {
+  uint32_t major, minor;
+  struct ExchangeHeader* prev_api;
+} ExchangeHeader;
+typedef struct {
+  ExchangeHeader header;
+  void *managed_tensor_allocator, *managed_tensor_from_py_object_no_sync, *managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out); /* may be NULL */
+  int (*current_work_stream)(int32_t device_type, int32_t device_id, void** out_stream);
+} ExchangeAPI;
+static const ExchangeAPI* exchange = NULL; /* set_exchange: NULL while unset or unusable */
+
+/* set_exchange(capsule or None) -> whether the fast path now reads tensors through it. */
+static PyObject* set_exchange(PyObject* self, PyObject* capsule) {
+  (void)self;
+  exchange = NULL;
+  if (PyCapsule_CheckExact(capsule) && PyCapsule_IsValid(capsule, "dlpack_exchange_api")) {
+    const ExchangeHeader* header = (const ExchangeHeader*)PyCapsule_GetPointer(capsule, "dlpack_exchange_api");
+    while (header != NULL && header->major > 1) header = header->prev_api; /* a newer table: its 1.x one */
+    const ExchangeAPI* api = (const ExchangeAPI*)header;
+    if (api != NULL && api->header.major == 1 && api->dltensor_from_py_object_no_sync != NULL &&
+        api->current_work_stream != NULL) {
+      exchange = api;
+    }
+  }
+  return PyBool_FromLong(exchange != NULL);
+}
+
+static uint32_t packed_dtype(DLDataType t) { return (uint32_t)t.code | (uint32_t)t.bits << 8 | (uint32_t)t.lanes << 16; }
+
+/* exchange_dtype(tensor) -> its DLPack dtype packed as code | bits << 8 | lanes << 16, read
+ * through the exchange API (what the fast path compares with the plan's accepted dtypes). */
+static PyObject* exchange_dtype(PyObject* self, PyObject* tensor) {
+  (void)self;
+  if (exchange == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "exchange_dtype: no DLPack exchange API set");
+    return NULL;
+  }
+  DLTensor view;
+  if (exchange->dltensor_from_py_object_no_sync(tensor, &view) != 0) return NULL;
+  return PyLong_FromUnsignedLong(packed_dtype(view.dtype));
+}
+
 static PyObject* set_entry(PyObject* self, PyObject* address) {
   (void)self;
   void* pointer = PyLong_AsVoidPtr(address);
@@ -63,7 +127,9 @@ static PyObject* launch(PyObject* self, PyObject* record) {
  * The plan, made once per kernel by kernel.py (_FastPlan.astuple), a tuple:
  *   (name: str, specs: list of bytes or None indexed by device, Tensor type, Stream type,
  *    raw_stream: callable device -> CUstream, dtypes: tuple with, per parameter, None (any
- *    dtype, or not a pointer) or a tuple of accepted torch dtypes)
+ *    dtype, or not a pointer) or a tuple of accepted torch dtypes, dl_dtypes: None, or the
+ *    same per parameter as bytes of packed DLPack dtypes (uint32, exchange_dtype's) when the
+ *    tensors are read through the exchange API)
  * A spec (per device: the loaded function and its context are in it):
  *   uint32 record_size, uint32 count, uint64 unused,
  *   count x {uint32 offset, uint8 format, uint8 alignment mask (pointers), 2 bytes unused},
@@ -161,41 +227,77 @@ static int float_value(PyObject* arg, char format, char* slot) {
   return kLaunched;
 }
 
+/* A tensor's CUDA device and data pointer through the exchange API, its dtype among `accepted`
+ * (None: any; else bytes of packed dtypes). A tensor torch cannot export (it raised) is declined:
+ * the general path says what is wrong with it. */
+static int exchange_tensor(PyObject* arg, PyObject* accepted, long* arg_device, unsigned long long* pointer) {
+  DLTensor view;
+  if (exchange->dltensor_from_py_object_no_sync(arg, &view) != 0) {
+    PyErr_Clear();
+    return kDeclined;
+  }
+  if (view.device.device_type != kDLCUDA) return kDeclined;
+  if (accepted != Py_None) {
+    const uint32_t dtype = packed_dtype(view.dtype);
+    const char* codes = PyBytes_AsString(accepted);
+    if (codes == NULL) return kFailed;
+    int found = 0;
+    for (Py_ssize_t i = 0, n = PyBytes_Size(accepted) / 4; i < n && !found; ++i) {
+      uint32_t code;
+      memcpy(&code, codes + 4 * i, 4);
+      found = code == dtype;
+    }
+    if (!found) return kDeclined;
+  }
+  *arg_device = view.device.device_id;
+  *pointer = (unsigned long long)(uintptr_t)view.data + view.byte_offset;
+  return kLaunched;
+}
+
+/* The same through torch's attributes. */
+static int attribute_tensor(PyObject* arg, PyObject* dtypes, long* arg_device, unsigned long long* pointer) {
+  PyObject* is_cuda = PyObject_GetAttr(arg, s_is_cuda);
+  if (is_cuda == NULL) return kFailed;
+  Py_DECREF(is_cuda);
+  if (is_cuda != Py_True) return kDeclined;
+  if (dtypes != Py_None) {
+    PyObject* dtype = PyObject_GetAttr(arg, s_dtype);
+    if (dtype == NULL) return kFailed;
+    Py_DECREF(dtype); /* the tensor keeps its dtype alive */
+    int accepted = 0;
+    for (Py_ssize_t i = 0, n = PyTuple_Size(dtypes); i < n && !accepted; ++i) accepted = PyTuple_GetItem(dtypes, i) == dtype;
+    if (!accepted) return kDeclined;
+  }
+  PyObject* index = PyObject_CallMethodObjArgs(arg, s_get_device, NULL);
+  if (index == NULL) return kFailed;
+  *arg_device = PyLong_AsLong(index);
+  Py_DECREF(index);
+  PyObject* address = PyObject_CallMethodObjArgs(arg, s_data_ptr, NULL);
+  if (address == NULL) return kFailed;
+  *pointer = PyLong_AsUnsignedLongLong(address);
+  Py_DECREF(address);
+  return PyErr_Occurred() ? kFailed : kLaunched;
+}
+
 /* One pointer argument: None (a null pointer) or an exact torch.Tensor on a CUDA device, of an
- * accepted dtype, on the same device as the tensors before it (*device: -1 before the first),
- * its data pointer aligned as the pointee needs. With pointers_as_ints (the tests' record_of),
- * a Python int stands for a tensor's data pointer. */
-static int pointer_value(PyObject* arg, PyObject* tensor_type, PyObject* dtypes, unsigned mask, int pointers_as_ints,
-                         long* device, char* slot) {
+ * accepted dtype (`dl_dtypes`' entry where the exchange API reads it, else `dtypes`'), on the
+ * same device as the tensors before it (*device: -1 before the first), its data pointer aligned
+ * as the pointee needs. With pointers_as_ints (the tests' record_of), a Python int stands for a
+ * tensor's data pointer. */
+static int pointer_value(PyObject* arg, PyObject* tensor_type, PyObject* dtypes, PyObject* dl_dtypes, unsigned mask,
+                         int pointers_as_ints, long* device, char* slot) {
   unsigned long long pointer = 0;
   if (pointers_as_ints && PyLong_CheckExact(arg)) {
     pointer = PyLong_AsUnsignedLongLong(arg);
     if (PyErr_Occurred()) return kFailed;
   } else if (arg != Py_None) {
     if ((PyObject*)Py_TYPE(arg) != tensor_type) return kDeclined;
-    PyObject* is_cuda = PyObject_GetAttr(arg, s_is_cuda);
-    if (is_cuda == NULL) return kFailed;
-    Py_DECREF(is_cuda);
-    if (is_cuda != Py_True) return kDeclined;
-    if (dtypes != Py_None) {
-      PyObject* dtype = PyObject_GetAttr(arg, s_dtype);
-      if (dtype == NULL) return kFailed;
-      Py_DECREF(dtype); /* the tensor keeps its dtype alive */
-      int accepted = 0;
-      for (Py_ssize_t i = 0, n = PyTuple_Size(dtypes); i < n && !accepted; ++i) accepted = PyTuple_GetItem(dtypes, i) == dtype;
-      if (!accepted) return kDeclined;
-    }
-    PyObject* index = PyObject_CallMethodObjArgs(arg, s_get_device, NULL);
-    if (index == NULL) return kFailed;
-    const long arg_device = PyLong_AsLong(index);
-    Py_DECREF(index);
+    long arg_device = -1;
+    const int status = dl_dtypes != NULL ? exchange_tensor(arg, dl_dtypes, &arg_device, &pointer)
+                                         : attribute_tensor(arg, dtypes, &arg_device, &pointer);
+    if (status != kLaunched) return status;
     if (arg_device < 0 || (*device >= 0 && arg_device != *device)) return kDeclined;
     *device = arg_device;
-    PyObject* address = PyObject_CallMethodObjArgs(arg, s_data_ptr, NULL);
-    if (address == NULL) return kFailed;
-    pointer = PyLong_AsUnsignedLongLong(address);
-    Py_DECREF(address);
-    if (PyErr_Occurred()) return kFailed;
     if (pointer & mask) return kDeclined;
   }
   memcpy(slot, &pointer, 8);
@@ -206,15 +308,20 @@ static int pointer_value(PyObject* arg, PyObject* tensor_type, PyObject* dtypes,
  * Python error set). `device` is the tensors' device, or the given one for record_of. */
 static int build_record(PyObject* plan, PyObject* args, PyObject* stream, int pointers_as_ints, long device,
                         char* record, Py_ssize_t* record_size) {
-  if (!PyTuple_Check(plan) || PyTuple_Size(plan) != 6 || !PyTuple_Check(args)) {
-    PyErr_SetString(PyExc_TypeError, "expected (plan: the 6-tuple of kernel.py's _FastPlan, args: tuple, stream)");
+  if (!PyTuple_Check(plan) || PyTuple_Size(plan) != 7 || !PyTuple_Check(args)) {
+    PyErr_SetString(PyExc_TypeError, "expected (plan: the 7-tuple of kernel.py's _make_fast_path, args: tuple, stream)");
     return kFailed;
   }
   PyObject* specs = PyTuple_GetItem(plan, 1);
   PyObject* tensor_type = PyTuple_GetItem(plan, 2);
   PyObject* dtypes = PyTuple_GetItem(plan, 5);
+  PyObject* dl_dtypes = exchange != NULL ? PyTuple_GetItem(plan, 6) : Py_None; /* None: torch's attributes */
   const Py_ssize_t nargs = PyTuple_Size(args);
   if (PyTuple_Size(dtypes) != nargs) return kDeclined; /* the general path names the count */
+  if (dl_dtypes != Py_None && (!PyTuple_Check(dl_dtypes) || PyTuple_Size(dl_dtypes) != nargs)) {
+    PyErr_SetString(PyExc_ValueError, "the plan's dl_dtypes do not match its dtypes");
+    return kFailed;
+  }
   /* The spec is per device, and the device is the first tensor's: fill the record from any
    * loaded device's spec (a kernel's specs differ only in context and function), then take
    * those two from the tensors' device's spec. */
@@ -254,8 +361,9 @@ static int build_record(PyObject* plan, PyObject* args, PyObject* stream, int po
     PyObject* arg = PyTuple_GetItem(args, i);
     int status;
     if (format == 'P') {
-      status = pointer_value(arg, tensor_type, PyTuple_GetItem(dtypes, i), slot[5], pointers_as_ints, &tensors_device,
-                             value);
+      status = pointer_value(arg, tensor_type, PyTuple_GetItem(dtypes, i),
+                             dl_dtypes == Py_None ? NULL : PyTuple_GetItem(dl_dtypes, i), slot[5], pointers_as_ints,
+                             &tensors_device, value);
     } else if (format == '?') {
       status = PyBool_Check(arg) ? kLaunched : kDeclined;
       *value = arg == Py_True;
@@ -277,7 +385,14 @@ static int build_record(PyObject* plan, PyObject* args, PyObject* stream, int po
   memcpy(record + kContextAt, PyBytes_AsString(spec) + kSpecHead + kSlotSize * count + kContextAt, 16);
 
   uint64_t handle;
-  if (stream == Py_None) {
+  void* current = NULL;
+  /* torch's current stream: through the exchange API where it reads the tensors (record_of, for
+   * the tests, always asks raw_stream), else raw_stream. */
+  if (stream == Py_None && dl_dtypes != Py_None && !pointers_as_ints &&
+      exchange->current_work_stream(kDLCUDA, (int32_t)device, &current) == 0) {
+    handle = (uint64_t)(uintptr_t)current;
+  } else if (stream == Py_None) {
+    PyErr_Clear(); /* a failed exchange query: ask raw_stream */
     PyObject* raw = PyObject_CallFunction(PyTuple_GetItem(plan, 4), "l", device);
     if (raw == NULL) return kFailed;
     handle = PyLong_AsUnsignedLongLong(raw);
@@ -425,6 +540,9 @@ static PyObject* record_of(PyObject* self, PyObject* const* args, Py_ssize_t nar
 
 static PyMethodDef methods[] = {
     {"set_entry", set_entry, METH_O, "Set the address of driver.cpp's LaunchEntry."},
+    {"set_exchange", set_exchange, METH_O,
+     "set_exchange(torch.Tensor.__dlpack_c_exchange_api__ or None) -> whether tensors are read through it."},
+    {"exchange_dtype", exchange_dtype, METH_O, "exchange_dtype(tensor) -> its DLPack dtype, packed (uint32)."},
     {"launch", launch, METH_O, "Launch the record at this address (driver.cpp's LaunchRecord)."},
     {"fast_launch", (PyCFunction)(void (*)(void))fast_launch, METH_FASTCALL,
      "fast_launch(plan, args, stream) -> True if launched, False if declined (nothing launched)."},

@@ -413,6 +413,14 @@ def test_fast_launch_builds_the_packed_record(cache, monkeypatch):
     assert _fast_record(kernel, [torch.empty(13, dtype=torch.float64), *SCALAR_VALUES]) is None  # a CPU tensor
     with pytest.raises(TypeError, match="expected"):
         _launch.record_of(None, (), None, 0)
+    if hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):  # torch >= 2.10: tensors read through DLPack's C API
+        def code(type_code, bits):  # DLPack's DLDataType (code, bits, lanes 1), packed as the extension packs it
+            return struct.pack("=I", type_code | bits << 8 | 1 << 16)
+
+        float32, bfloat16, boolean, int64 = code(2, 32), code(4, 16), code(6, 8), code(0, 64)
+        assert kernel_module._exchange_dtypes(((torch.float32, torch.bfloat16), None, (torch.bool, torch.int64))) == (
+            float32 + bfloat16, None, boolean + int64)
+        assert kernel._plan[6] is not None
 
 
 # ----------------------------------------------------------------------------- the shipped cubins
@@ -518,6 +526,40 @@ def test_vector_add_tensors_and_streams(cache):
     with pytest.raises(TypeError, match="stream must be"):
         kernel(a, b, out, n, stream="default")
     assert kernel.num_regs > 0 and kernel.max_threads_per_block >= 256 and kernel.shared_mem_bytes == 0
+
+
+@gpu
+def test_fast_path_views_grad_and_current_stream(cache):
+    """The fast path reads each tensor's device, dtype and data pointer (through torch's DLPack
+    exchange API where torch has one) and torch's current stream: views start at their offset,
+    tensors that require grad launch too, and a launch inside `torch.cuda.stream(s)` runs on s."""
+    n = 1000
+    kernel = compile_kernel(ADD, "vector_add", grid=4, block=256, cache_dir=cache)
+    if os.environ.get("MLLM_KERNEL_EXPECT_FATBIN") == "1" and hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        assert kernel._plan[6] is not None  # the exchange API reads the tensors
+    base = torch.randn(3 * n + 7, device="cuda")
+    a, b = base[7 : n + 7], base[n + 7 : 2 * n + 7]  # storage offsets 7 and n + 7 elements
+    out = torch.full((n + 3,), float("nan"), device="cuda")
+    for _ in range(3):
+        kernel(a, b, out[3:], n)
+        torch.testing.assert_close(out[3:].double(), a.double() + b.double(), rtol=1e-6, atol=1e-6)
+        assert out[:3].isnan().all()
+        base.normal_()
+    grad = torch.randn(n, device="cuda", requires_grad=True)
+    kernel(grad, b, out[3:], n)
+    torch.testing.assert_close(out[3:].double(), grad.detach().double() + b.double(), rtol=1e-6, atol=1e-6)
+
+    side = torch.cuda.Stream()
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)  # the default stream is busy: a launch queued there would not be done
+    with torch.cuda.stream(side):
+        kernel(a, b, out[3:], n)
+    side.synchronize()
+    torch.testing.assert_close(out[3:].double(), a.double() + b.double(), rtol=1e-6, atol=1e-6)
+    torch.cuda.synchronize()
+    with pytest.raises(KernelArgumentError, match=r"argument 1 \(b: const float\*\).*torch.bfloat16"):
+        kernel(a, b.bfloat16(), out, n)
 
 
 @gpu
