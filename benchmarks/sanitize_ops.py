@@ -46,8 +46,8 @@ def run_all():
         mk.top_k_top_p_sample(logits, torch.tensor([0, 1, 7, 32001], device="cuda"),
                               torch.tensor([1.0, 0.5, 0.9, 0.01], device="cuda"), generator=g)
         mk.min_p_sample(torch.softmax(logits.float(), -1).to(dtype), 0.1, generator=g)
-        # Every launch plan: a row over 16 blocks, rows too long for shared memory, one block per
-        # row, and an unaligned row.
+        # Every launch plan: a row over 8 blocks, over 16 (600_001 16-bit values) or too long for
+        # shared memory (600_001 float32), one block per row, and an unaligned row.
         for logits in (torch.randn(1, 151936, device="cuda", dtype=dtype), torch.randn(2, 600_001, device="cuda", dtype=dtype),
                        torch.randn(300, 999, device="cuda", dtype=dtype), unaligned((3, 70001), dtype)):
             mk.greedy_sample(logits)

@@ -80,23 +80,30 @@ inline bool cluster16_fits(Kernel kernel, int device, int64_t smem_bytes) {
 
 /*!
  * \brief The plan for `rows` rows of `vocab` elements of `elem_bytes`: blocks per row doubled
- *        (up to 16 on sm_90, 1 before) while the grid stays within two blocks per SM, then while
- *        a slice exceeds `slice_bytes` (if copy_slices); slices are whole `align_elems` units;
- *        about 8 elements per thread, 256 to 1024 threads (512 once the grid has more blocks
- *        than SMs). `kernel` is asked whether 16 fit.
+ *        (up to 8 on sm_90, 1 before) while the grid stays within one block per SM, then (up
+ *        to 16) while a slice exceeds `slice_bytes` (if copy_slices); slices are whole
+ *        `align_elems` units; about 8 elements per thread, 256 to 1024 threads (512 once the
+ *        grid has more blocks than SMs). `kernel` is asked whether 16 fit, where 8 is too few.
  */
 template <typename Kernel>
 inline RowClusterPlan plan_row_cluster(int64_t rows, int64_t vocab, int64_t elem_bytes, int64_t align_elems,
                                        int64_t slice_bytes, bool copy_slices, Kernel kernel, int device) {
-  unsigned max_cluster = 1;
-  if (GetComputeCapability(device) >= 90) max_cluster = cluster16_fits(kernel, device, slice_bytes) ? 16 : 8;
+  const bool hopper = GetComputeCapability(device) >= 90;
   const int64_t sms = MultiProcessorCount(device);
   constexpr int64_t kMaxGrid = 0x7fffffff;
   unsigned cluster = 1;
-  auto can_grow = [&] { return cluster < max_cluster && rows * cluster * 2 <= kMaxGrid; };
-  while (can_grow() && rows * cluster * 2 <= sms) cluster *= 2;
+  auto can_grow = [&](unsigned limit) { return cluster < limit && rows * cluster * 2 <= kMaxGrid; };
+  // To fill the GPU: clusters of up to 8 blocks. Measured on an H100 (benchmarks/RESULTS.md):
+  // clusters of 16 made batch 8 1.4-2.1x slower on every sampling op and softmax (8 clusters of
+  // 16 do not fit at once: two waves) and batch 1 mostly 4-35% slower (more blocks in each
+  // cluster reduction).
+  while (can_grow(hopper ? 8 : 1) && rows * cluster * 2 <= sms) cluster *= 2;
   auto slice_for = [&](unsigned c) { return div_ceil(div_ceil(vocab, c), align_elems) * align_elems; };
-  while (copy_slices && can_grow() && slice_for(cluster) * elem_bytes > slice_bytes) cluster *= 2;
+  // For slices that fit shared memory: up to 16 blocks where clusters of 16 can be scheduled.
+  auto max_cluster = [&] {
+    return !hopper ? 1u : cluster < 8 || !cluster16_fits(kernel, device, slice_bytes) ? 8u : 16u;
+  };
+  while (copy_slices && can_grow(max_cluster()) && slice_for(cluster) * elem_bytes > slice_bytes) cluster *= 2;
   const int64_t slice = slice_for(cluster);
   // Grids of more blocks than SMs: at most 512 threads, so two blocks share an SM (one loads
   // while the other computes, and one wave holds twice as many); few blocks: up to 1024, to

@@ -818,22 +818,6 @@ inline host::RowClusterPlan PlanRows(const sampling::SampleArgs& a, int64_t elem
   return plan;
 }
 
-// Lets kKernel take up to `bytes` of dynamic shared memory on `device`, once per kernel and
-// device. Above 48 KiB less its static scratch a launch needs this opt-in; plan_row_cluster's
-// occupancy query makes it too, but only for the first kernel of a function type.
-template <auto kKernel>
-inline void AllowDynamicSmem(int device, int64_t bytes) {
-  constexpr int kMaxCachedDevices = 64;
-  static std::atomic<bool> done[kMaxCachedDevices] = {};
-  if (device < 0 || device >= kMaxCachedDevices || done[device].load(std::memory_order_relaxed)) return;
-  tvm::ffi::CUDADeviceGuard guard(device);
-  if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) !=
-      cudaSuccess) {
-    cudaGetLastError();  // the launch reports what remains wrong
-  }
-  done[device].store(true, std::memory_order_relaxed);
-}
-
 // One cluster per row: kKernel(out, rows, vocab, stride, plan.slice, extra...), with at least
 // kMinSmem bytes of dynamic shared memory when slices are copied; nothing for an empty batch.
 template <auto kKernel, int64_t kMinSmem = 0, typename Out, typename T, typename... Extra>
@@ -841,7 +825,7 @@ inline void LaunchRows(const sampling::SampleArgs& a, const host::RowClusterPlan
                        Extra... extra) {
   if (a.batch == 0) return;
   const size_t smem = plan.fits ? static_cast<size_t>(SliceSmemBytes<T>(plan.slice, kMinSmem)) : 0;
-  if (plan.fits) AllowDynamicSmem<kKernel>(a.device.device_id, std::max(kSliceBytes, kMinSmem));
+  if (plan.fits) host::AllowDynamicSmem<kKernel>(a.device.device_id, std::max(kSliceBytes, kMinSmem));
   host::LaunchKernel(dim3(static_cast<unsigned>(a.batch) * plan.cluster), dim3(plan.threads), a.device, smem)
       .enable_pdl(true)
       .cluster(plan.cluster)(kKernel, out, rows, a.vocab, a.stride, plan.slice, extra...);

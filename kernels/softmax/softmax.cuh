@@ -189,16 +189,17 @@ void LaunchTyped(DLDevice dev, T* out, const T* x, int64_t rows, int64_t vocab, 
   host::RuntimeCheck(rows <= 0x7fffffff, "softmax: too many rows (", rows, ") for one grid");
   // Leave room for the reductions' static shared memory (<= 1 KiB).
   const int64_t budget = host::MaxSharedMemoryPerBlock(dev.device_id) - 1024;
-  const auto cached = SoftmaxKernel<T, kVec, true, kLog>;
+  constexpr auto kCopied = SoftmaxKernel<T, kVec, true, kLog>;  // slices copied to shared memory
   const host::RowClusterPlan plan =
-      host::plan_row_cluster(rows, vocab, sizeof(T), kVec, budget, true, cached, dev.device_id);
+      host::plan_row_cluster(rows, vocab, sizeof(T), kVec, budget, true, kCopied, dev.device_id);
+  if (plan.fits) host::AllowDynamicSmem<kCopied>(dev.device_id, budget);
   // Enough threads for the slice, a multiple of 32 (block reductions), at most 1024.
   const int threads = static_cast<int>(std::clamp<int64_t>(host::div_ceil(plan.slice / kVec, 32) * 32, 32, 1024));
   const dim3 grid(static_cast<unsigned>(rows) * plan.cluster);
   const size_t smem = plan.fits ? static_cast<size_t>(plan.slice) * sizeof(T) : 0;
   host::LaunchKernel(grid, dim3(threads), dev, smem)
       .enable_pdl(true)
-      .cluster(plan.cluster)(plan.fits ? cached : SoftmaxKernel<T, kVec, false, kLog>, out, x, vocab, stride,
+      .cluster(plan.cluster)(plan.fits ? kCopied : SoftmaxKernel<T, kVec, false, kLog>, out, x, vocab, stride,
                              plan.slice, inv_temp);
 }
 

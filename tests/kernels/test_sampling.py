@@ -427,7 +427,8 @@ def test_filters_public_api():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch,vocab", [(6, 17), (6, 4099), (1, 151936), (2, 600_001), (300, 999)])
 def test_filters_cuda(op, batch, vocab, dtype):
-    # Every launch plan: a row over 16 blocks, rows beyond shared memory, one block per row.
+    # Every launch plan: a row over 8 blocks, over 16 (600_001 16-bit values fit shared memory
+    # only so) or beyond shared memory (float32), one block per row.
     x, params = filter_inputs(op, batch, vocab, dtype, seed=batch + vocab)
     rows = min(batch, 6)
     out = torch.full(x.shape, float("nan"), dtype=x.dtype, device="cuda")
@@ -514,8 +515,9 @@ def test_sampling_cuda_unaligned(dtype):
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 @pytest.mark.parametrize("batch,vocab", [(1, 151936), (2, 600_001), (40, 32000), (300, 4099)])
 def test_sampling_cuda_launch_plans(batch, vocab, dtype):
-    # Rows split over 16 blocks (batch 1), rows too long for shared memory (read from global
-    # memory each pass), a few blocks per row (40) and one block per row (300, on sm_90 too).
+    # Rows split over 8 blocks (batch 1), over 16 (600_001 bfloat16), rows too long for shared
+    # memory (600_001 float32: read from global memory each pass), a few blocks per row (40) and
+    # one block per row (300, on sm_90 too).
     x = make_logits(batch, vocab, dtype, seed=batch + vocab)
     # k = 3000: more top-k survivors than a block compacts (1024) where a block holds the row.
     rows = list(range(min(batch, 7)))  # the float64 reference is slow: check a few rows
@@ -580,7 +582,7 @@ def test_top_k_candidates_and_their_fallbacks(dtype):
     out = top_k_top_p_sample_from_uniforms(x.cuda(), u.cuda(), k.cuda(), p.cuda()).cpu()
     assert (margins > BOUNDARY).all()
     assert torch.equal(out, ref), (out, ref)
-    # The same rows alone (a cluster of 16 blocks each) and repeated in a batch of 64 (other plans).
+    # The same rows alone (a cluster of 8 blocks each) and repeated in a batch of 64 (other plans).
     alone = torch.cat([top_k_top_p_sample_from_uniforms(x[b:b + 1].cuda(), u[b:b + 1].cuda(), k[b:b + 1].cuda(),
                                                         p[b:b + 1].cuda()).cpu() for b in range(batch)])
     assert torch.equal(alone, ref)

@@ -120,6 +120,25 @@ void PreferMaxSharedMemoryCarveout(Kernel kernel, int device) {
 }
 
 /*!
+ * \brief Lets kKernel take up to \p bytes of dynamic shared memory on \p device, once per kernel
+ *        and device. A launch above 48 KiB less the kernel's static shared memory needs this
+ *        opt-in; LaunchKernel makes it only above 48 KiB of dynamic shared memory. A refusal is
+ *        cleared: the launch reports what remains wrong.
+ */
+template <auto kKernel>
+void AllowDynamicSmem(int device, int64_t bytes) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<bool> done[kMaxCachedDevices] = {};
+  if (device < 0 || device >= kMaxCachedDevices || done[device].load(std::memory_order_relaxed)) return;
+  tvm::ffi::CUDADeviceGuard guard(device);
+  if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) !=
+      cudaSuccess) {
+    cudaGetLastError();
+  }
+  done[device].store(true, std::memory_order_relaxed);
+}
+
+/*!
  * \brief How many clusters of \p blocks blocks of \p kernel (each \p threads threads and
  *        \p smem_bytes of dynamic shared memory) \p device can run at once (the occupancy API;
  *        0 where it refuses, e.g. before sm_90). Above 8 blocks, the portable limit, the kernel is
