@@ -101,41 +101,47 @@ inline int MultiProcessorCount(int device) {
   return CachedDeviceAttribute<cudaDevAttrMultiProcessorCount>(device);
 }
 
+namespace launch_detail {
+
+inline constexpr int kMaxCachedDevices = 64;
+
+// Calls set() (a cudaFuncSetAttribute) with `device` current, the first time `done` sees that
+// device; a refusal is cleared, so that no later check reports it.
+template <typename Set>
+void OncePerDevice(std::atomic<bool> (&done)[kMaxCachedDevices], int device, Set&& set) {
+  if (device < 0 || device >= kMaxCachedDevices || done[device].load(std::memory_order_relaxed)) return;
+  tvm::ffi::CUDADeviceGuard guard(device);
+  if (set() != cudaSuccess) cudaGetLastError();
+  done[device].store(true, std::memory_order_relaxed);
+}
+
+}  // namespace launch_detail
+
 /*!
  * \brief Asks for the largest shared-memory carveout for \p kernel on \p device (kernels whose
- *        CTAs use tens of KiB, so that several fit an SM), once per kernel and device; a
- *        refusal only costs occupancy and is cleared.
+ *        CTAs use tens of KiB, so that several fit an SM), once per kernel type and device; a
+ *        refusal only costs occupancy.
  */
 template <typename Kernel>
 void PreferMaxSharedMemoryCarveout(Kernel kernel, int device) {
-  constexpr int kMaxCachedDevices = 64;
-  static std::atomic<bool> done[kMaxCachedDevices] = {};
-  if (device < 0 || device >= kMaxCachedDevices || done[device].load(std::memory_order_relaxed)) return;
-  tvm::ffi::CUDADeviceGuard guard(device);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
-      cudaSuccess) {
-    cudaGetLastError();  // ours: clear it so no later check reports it
-  }
-  done[device].store(true, std::memory_order_relaxed);
+  static std::atomic<bool> done[launch_detail::kMaxCachedDevices] = {};
+  launch_detail::OncePerDevice(done, device, [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  });
 }
 
 /*!
  * \brief Lets kKernel take up to \p bytes of dynamic shared memory on \p device, once per kernel
  *        and device. A launch above 48 KiB less the kernel's static shared memory needs this
- *        opt-in; LaunchKernel makes it only above 48 KiB of dynamic shared memory. A refusal is
- *        cleared: the launch reports what remains wrong.
+ *        opt-in; LaunchKernel makes it only above 48 KiB of dynamic shared memory. After a
+ *        refusal the launch reports what remains wrong.
  */
 template <auto kKernel>
 void AllowDynamicSmem(int device, int64_t bytes) {
-  constexpr int kMaxCachedDevices = 64;
-  static std::atomic<bool> done[kMaxCachedDevices] = {};
-  if (device < 0 || device >= kMaxCachedDevices || done[device].load(std::memory_order_relaxed)) return;
-  tvm::ffi::CUDADeviceGuard guard(device);
-  if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) !=
-      cudaSuccess) {
-    cudaGetLastError();
-  }
-  done[device].store(true, std::memory_order_relaxed);
+  static std::atomic<bool> done[launch_detail::kMaxCachedDevices] = {};
+  launch_detail::OncePerDevice(done, device, [&] {
+    return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  });
 }
 
 /*!
