@@ -94,9 +94,9 @@ inline RowClusterPlan plan_row_cluster(int64_t rows, int64_t vocab, int64_t elem
   unsigned cluster = 1;
   auto can_grow = [&](unsigned limit) { return cluster < limit && rows * cluster * 2 <= kMaxGrid; };
   // To fill the GPU: clusters of up to 8 blocks. Measured on an H100 (benchmarks/RESULTS.md):
-  // clusters of 16 made batch 8 1.4-2.1x slower on every sampling op and softmax (8 clusters of
-  // 16 do not fit at once: two waves) and batch 1 mostly 4-35% slower (more blocks in each
-  // cluster reduction).
+  // clusters of 16 made batch 8 up to 2.1x slower (8 clusters of 16 do not fit at once: two
+  // waves) and most ops at batch 1 and 4 up to 35% slower (more blocks in each cluster
+  // reduction); a few one-pass ops at batch 1-4 were up to 15% faster with 16.
   while (can_grow(hopper ? 8 : 1) && rows * cluster * 2 <= sms) cluster *= 2;
   auto slice_for = [&](unsigned c) { return div_ceil(div_ceil(vocab, c), align_elems) * align_elems; };
   // For slices that fit shared memory: up to 16 blocks where clusters of 16 can be scheduled.
