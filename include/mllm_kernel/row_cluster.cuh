@@ -62,46 +62,55 @@ struct RowClusterPlan {
 };
 
 /*!
- * \brief Whether clusters of 16 blocks of `kernel` (non-portable; 8 always fit) can be
- *        scheduled on \p device with 1024 threads and \p smem_bytes each, asked once per kernel
- *        type and device.
+ * \brief How many clusters of 16 blocks of kKernel (non-portable; 0 where none fit, 8 always
+ *        do) \p device runs at once with 1024 threads and \p smem_bytes each, asked once per
+ *        kernel and device.
  */
-template <typename Kernel>
-inline bool cluster16_fits(Kernel kernel, int device, int64_t smem_bytes) {
+template <auto kKernel>
+inline int active_clusters16(int device, int64_t smem_bytes) {
   constexpr int kMaxCachedDevices = 64;
-  static std::atomic<int> cache[kMaxCachedDevices] = {};  // 0: not asked, 1: no, 2: yes
+  static std::atomic<int> cache[kMaxCachedDevices] = {};  // the count + 1; 0: not asked
   if (device >= 0 && device < kMaxCachedDevices) {
-    if (const int v = cache[device].load(std::memory_order_relaxed); v != 0) return v == 2;
+    if (const int v = cache[device].load(std::memory_order_relaxed); v != 0) return v - 1;
   }
-  const bool fits = MaxActiveClusters(kernel, device, 16, 1024, smem_bytes) > 0;  // else clusters of 8
-  if (device >= 0 && device < kMaxCachedDevices) cache[device].store(fits ? 2 : 1, std::memory_order_relaxed);
-  return fits;
+  const int clusters = MaxActiveClusters(kKernel, device, 16, 1024, smem_bytes);
+  if (device >= 0 && device < kMaxCachedDevices) cache[device].store(clusters + 1, std::memory_order_relaxed);
+  return clusters;
 }
+
+/*! \brief Elements a block of 8 must exceed before a few-pass kernel fills the GPU with 16. */
+inline constexpr int64_t kWideFillSlice = 8192;
 
 /*!
  * \brief The plan for `rows` rows of `vocab` elements of `elem_bytes`: blocks per row doubled
  *        (up to 8 on sm_90, 1 before) while the grid stays within one block per SM, then (up
  *        to 16) while a slice exceeds `slice_bytes` (if copy_slices); slices are whole
  *        `align_elems` units; about 8 elements per thread, 256 to 1024 threads (512 once the
- *        grid has more blocks than SMs). `kernel` is asked whether 16 fit, where 8 is too few.
+ *        grid has more blocks than SMs). kKernel is asked whether 16 fit, where 8 is too few.
+ *        `few_passes`: the kernel reads its slice once or twice (an argmax, a top-k mask), so
+ *        long rows take 16 blocks to fill the GPU where every row's cluster runs at once.
  */
-template <typename Kernel>
+template <auto kKernel>
 inline RowClusterPlan plan_row_cluster(int64_t rows, int64_t vocab, int64_t elem_bytes, int64_t align_elems,
-                                       int64_t slice_bytes, bool copy_slices, Kernel kernel, int device) {
+                                       int64_t slice_bytes, bool copy_slices, int device, bool few_passes = false) {
   const bool hopper = GetComputeCapability(device) >= 90;
   const int64_t sms = MultiProcessorCount(device);
   constexpr int64_t kMaxGrid = 0x7fffffff;
   unsigned cluster = 1;
   auto can_grow = [&](unsigned limit) { return cluster < limit && rows * cluster * 2 <= kMaxGrid; };
+  auto slice_for = [&](unsigned c) { return div_ceil(div_ceil(vocab, c), align_elems) * align_elems; };
   // To fill the GPU: clusters of up to 8 blocks. Measured on an H100 (benchmarks/RESULTS.md):
   // clusters of 16 made batch 8 up to 2.1x slower (8 clusters of 16 do not fit at once: two
   // waves) and most ops at batch 1 and 4 up to 35% slower (more blocks in each cluster
-  // reduction); a few one-pass ops at batch 1-4 were up to 15% faster with 16.
+  // reduction); one- and two-pass ops over long rows at batch 1-4 were 6-15% faster with 16.
   while (can_grow(hopper ? 8 : 1) && rows * cluster * 2 <= sms) cluster *= 2;
-  auto slice_for = [&](unsigned c) { return div_ceil(div_ceil(vocab, c), align_elems) * align_elems; };
+  if (few_passes && cluster == 8 && rows * 16 <= sms && slice_for(8) > kWideFillSlice &&
+      rows <= active_clusters16<kKernel>(device, slice_bytes)) {
+    cluster = 16;
+  }
   // For slices that fit shared memory: up to 16 blocks where clusters of 16 can be scheduled.
   auto max_cluster = [&] {
-    return !hopper ? 1u : cluster < 8 || !cluster16_fits(kernel, device, slice_bytes) ? 8u : 16u;
+    return !hopper ? 1u : cluster < 8 || active_clusters16<kKernel>(device, slice_bytes) == 0 ? 8u : 16u;
   };
   while (copy_slices && can_grow(max_cluster()) && slice_for(cluster) * elem_bytes > slice_bytes) cluster *= 2;
   const int64_t slice = slice_for(cluster);

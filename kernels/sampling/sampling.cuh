@@ -807,13 +807,13 @@ __global__ void __launch_bounds__(1024, 1)
 // Shared memory a slice may take: two blocks' slices and scratch still fit an SM's shared memory.
 inline constexpr int64_t kSliceBytes = 96 * 1024;
 
-// The plan of a sampling kernel: slices of whole 16-byte vectors, copied into shared memory
-// when they fit kSliceBytes (copy_slices).
-template <typename Kernel>
+// The plan of kKernel: slices of whole 16-byte vectors, copied into shared memory when they fit
+// kSliceBytes (copy_slices); few_passes: see plan_row_cluster.
+template <auto kKernel>
 inline host::RowClusterPlan PlanRows(const sampling::SampleArgs& a, int64_t elem_bytes, bool copy_slices,
-                                     Kernel kernel) {
-  host::RowClusterPlan plan = host::plan_row_cluster(a.batch, a.vocab, elem_bytes, device::kVecBytes, kSliceBytes,
-                                                     copy_slices, kernel, a.device.device_id);
+                                     bool few_passes = false) {
+  host::RowClusterPlan plan = host::plan_row_cluster<kKernel>(a.batch, a.vocab, elem_bytes, device::kVecBytes,
+                                                              kSliceBytes, copy_slices, a.device.device_id, few_passes);
   plan.fits = plan.fits && copy_slices;
   return plan;
 }
@@ -839,7 +839,9 @@ inline void LaunchFilter(const char* op, const char* in_name, const char* param_
   const auto a = sampling::VerifyFilter<kDLCUDA, P>(op, in_name, param_name, out, in, param);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
     constexpr auto kernel = FilterKernel<T, kFilter>;
-    const auto plan = PlanRows(a, sizeof(T), true, kernel);
+    // top_k_mask_logits: the top-k search's count passes, then the write (RESULTS.md, "clusters
+    // of 16 for few-pass ops").
+    const auto plan = PlanRows<kernel>(a, sizeof(T), true, kFilter == Filter::kTopKMaskLogits);
     const int64_t* top_k = nullptr;
     const float* top_p = nullptr;
     if constexpr (kFilter == Filter::kTopPRenormProbs) {
@@ -860,7 +862,7 @@ inline void greedy_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView logits)
   const auto a = mllm_kernel::sampling::VerifyGreedySample<kDLCUDA>(out, logits);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
     constexpr auto kernel = sampling_detail::GreedyKernel<T>;
-    const auto plan = sampling_detail::PlanRows(a, sizeof(T), false, kernel);
+    const auto plan = sampling_detail::PlanRows<kernel>(a, sizeof(T), false, true);
     sampling_detail::LaunchRows<kernel>(a, plan, data_ptr<int64_t>(out), data_ptr<const T>(logits));
   });
 }
@@ -878,7 +880,7 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
       mllm_kernel::sampling::VerifyTopKTopPSample<kDLCUDA>(out, logits, uniforms, top_k, top_p);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
     constexpr auto kernel = sampling_detail::TopKTopPKernel<T>;
-    const auto plan = sampling_detail::PlanRows(a, sizeof(T), true, kernel);
+    const auto plan = sampling_detail::PlanRows<kernel>(a, sizeof(T), true);
     sampling_detail::LaunchRows<kernel, sampling_detail::kMinGatherBytes>(
         a, plan, data_ptr<int64_t>(out), data_ptr<const T>(logits), plan.fits, data_ptr<const float>(uniforms),
         data_ptr<const int64_t>(top_k), data_ptr<const float>(top_p));
@@ -895,7 +897,7 @@ inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
   const auto a = mllm_kernel::sampling::VerifyMinPSample<kDLCUDA>(out, probs, uniforms, min_p);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
     constexpr auto kernel = sampling_detail::MinPKernel<T>;
-    const auto plan = sampling_detail::PlanRows(a, sizeof(T), true, kernel);
+    const auto plan = sampling_detail::PlanRows<kernel>(a, sizeof(T), true);
     sampling_detail::LaunchRows<kernel>(a, plan, data_ptr<int64_t>(out), data_ptr<const T>(probs),
                                 plan.fits, data_ptr<const float>(uniforms),
                                 data_ptr<const float>(min_p));

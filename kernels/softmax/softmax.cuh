@@ -191,7 +191,7 @@ void LaunchTyped(DLDevice dev, T* out, const T* x, int64_t rows, int64_t vocab, 
   const int64_t budget = host::MaxSharedMemoryPerBlock(dev.device_id) - 1024;
   constexpr auto kCopied = SoftmaxKernel<T, kVec, true, kLog>;  // slices copied to shared memory
   const host::RowClusterPlan plan =
-      host::plan_row_cluster(rows, vocab, sizeof(T), kVec, budget, true, kCopied, dev.device_id);
+      host::plan_row_cluster<kCopied>(rows, vocab, sizeof(T), kVec, budget, true, dev.device_id);
   if (plan.fits) host::AllowDynamicSmem<kCopied>(dev.device_id, budget);
   // Enough threads for the slice, a multiple of 32 (block reductions), at most 1024.
   const int threads = static_cast<int>(std::clamp<int64_t>(host::div_ceil(plan.slice / kVec, 32) * 32, 32, 1024));
