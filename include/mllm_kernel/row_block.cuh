@@ -92,11 +92,23 @@ struct RowPlan {
 };
 
 /*!
+ * \brief A fixed number of vectors a thread for grids that run in one wave, for kernels that keep
+ *        more state per vector (rms_norm: the vector's weights). vecs 0: not used. The caller
+ *        sets max_grid_threads from the device (rms_norm: 1024 an SM).
+ */
+struct RowWaveOptions {
+  int vecs = 0;
+  int64_t max_grid_threads = 0;  // the grid's threads (rows x threads a row) at most
+};
+
+/*!
  * \brief Plans rows of `width` elements: vectors of `vec_size` elements when `vec_ok` (width
  *        divisible, pointers and row strides 16-byte aligned) and the row fits 8 vectors by
  *        512 threads; otherwise the scalar kernel with up to 256 threads looping over the row.
+ *        `wave`: wave.vecs vectors a thread where the row fits 512 threads and the grid
+ *        wave.max_grid_threads.
  */
-inline RowPlan plan_rows(int64_t rows, int64_t width, int vec_size, bool vec_ok) {
+inline RowPlan plan_rows(int64_t rows, int64_t width, int vec_size, bool vec_ok, RowWaveOptions wave = {}) {
   // Scalar kernels and rows of up to 256 threads run 256-thread blocks.
   constexpr int64_t kBlockThreads = 256, kMaxVecThreads = device::kRowVecMaxThreads;
   // Fewer rows than this (about 4 per SM of an H100/H200) plan for latency, not bandwidth.
@@ -105,7 +117,12 @@ inline RowPlan plan_rows(int64_t rows, int64_t width, int vec_size, bool vec_ok)
   int64_t threads = std::min<int64_t>(width, kBlockThreads);
   if (vec_ok) {
     const int64_t nvec = width / vec_size;
-    if (rows >= kManyRows) {
+    // The wave plan where its threads are at least a full warp and at most a block of 512.
+    const int64_t wave_threads = wave.vecs > 0 ? div_ceil(nvec, wave.vecs) : 0;
+    if (wave_threads >= device::kWarpThreads && wave_threads <= kMaxVecThreads &&
+        rows * div_ceil(wave_threads, device::kWarpThreads) * device::kWarpThreads <= wave.max_grid_threads) {
+      plan.kvecs = wave.vecs;
+    } else if (rows >= kManyRows) {
       // Bandwidth: 4 vectors per thread (4 loads in flight) wherever the row fits 512
       // threads; on an H200, 2 per thread cost up to 25% of the bandwidth on 8K-wide bf16
       // rows. Short rows take fewer so a warp still covers them; 2049-4096 vectors take 8.

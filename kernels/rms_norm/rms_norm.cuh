@@ -40,6 +40,38 @@ __device__ __forceinline__ float InvRms(float sum_sq, int64_t d, float eps) {
   return rsqrtf(ms == 0.0f ? FLT_MIN : ms);
 }
 
+// The weight vectors of a thread's kVecs row vectors. A few are loaded with the row, so that
+// their latency is not paid again after the row's reduction (the latency of a few-row call).
+// More (over 2 of 16-bit or 4 of float32 data) spill under the 64-register launch bound, so
+// those are loaded when used.
+template <typename T, int kVecs>
+struct WeightVecs {
+  using Vec = device::AlignedVector<T, device::kVecSize<T>>;
+  static constexpr bool kEarly = kVecs <= (sizeof(T) == 4 ? 4 : 2);  // = WaveOptions' vecs
+  Vec early[kEarly ? kVecs : 1];
+  Vec late;
+  __device__ __forceinline__ void prefetch(const T* w, int k, int j) {
+    if constexpr (kEarly) early[k].load(w, j);
+  }
+  __device__ __forceinline__ const Vec& get(const T* w, int k, int j) {
+    if constexpr (kEarly) {
+      return early[k];
+    } else {
+      late.load(w, j);
+      return late;
+    }
+  }
+};
+
+// Grids that fit one wave take the vectors a thread whose weights load with the row (2 of 16-bit
+// data, 4 of float32), with as many threads as the row needs: at most 1024 threads an SM, as two
+// 512-thread blocks or four of 256 (measured on an H100: benchmarks/RESULTS.md, "rms_norm,
+// fused_add_rms_norm and apply_rope at decode shapes").
+template <typename T>
+inline host::RowWaveOptions WaveOptions(DLDevice dev) {
+  return {sizeof(T) == 4 ? 4 : 2, int64_t{1024} * host::MultiProcessorCount(dev.device_id)};
+}
+
 // Block size bound of the scalar kernels (host::plan_rows gives them at most 256 threads).
 inline constexpr int kScalarThreads = 256;
 
@@ -54,9 +86,11 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
   device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
   device::for_each_row_group(rows, [&](int64_t row, bool active) {
     Vec v[kVecs];
+    WeightVecs<T, kVecs> wv;
     float sum_sq = 0.0f;
     device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
       v[k].load(x + row * x_stride, j);
+      wv.prefetch(w, k, j);
 #pragma unroll
       for (int i = 0; i < N; ++i) {
         const float f = device::to_float(v[k][i]);
@@ -65,10 +99,10 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
     });
     const float inv = InvRms(device::row_reduce<false>(sum_sq), d, eps);
     device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
-      Vec wv, o;
-      wv.load(w, j);
+      const Vec& wk = wv.get(w, k, j);
+      Vec o;
 #pragma unroll
-      for (int i = 0; i < N; ++i) o[i] = device::from_float<T>(device::to_float(v[k][i]) * inv * device::to_float(wv[i]));
+      for (int i = 0; i < N; ++i) o[i] = device::from_float<T>(device::to_float(v[k][i]) * inv * device::to_float(wk[i]));
       o.store(out + row * out_stride, j);
     });
   });
@@ -87,11 +121,13 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
   device::pdl_wait_primary();
   device::for_each_row_group(rows, [&](int64_t row, bool active) {
     Vec s[kVecs];
+    WeightVecs<T, kVecs> wv;
     float sum_sq = 0.0f;
     device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
       Vec xv;
       xv.load(x + row * x_stride, j);
       s[k].load(residual + row * r_stride, j);
+      wv.prefetch(w, k, j);
 #pragma unroll
       for (int i = 0; i < N; ++i) {
         // Round first: the norm is of the residual as stored.
@@ -103,10 +139,10 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
     });
     const float inv = InvRms(device::row_reduce<false>(sum_sq), d, eps);
     device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
-      Vec wv, o;
-      wv.load(w, j);
+      const Vec& wk = wv.get(w, k, j);
+      Vec o;
 #pragma unroll
-      for (int i = 0; i < N; ++i) o[i] = device::from_float<T>(device::to_float(s[k][i]) * inv * device::to_float(wv[i]));
+      for (int i = 0; i < N; ++i) o[i] = device::from_float<T>(device::to_float(s[k][i]) * inv * device::to_float(wk[i]));
       o.store(x + row * x_stride, j);
     });
   });
@@ -172,7 +208,7 @@ void LaunchRmsNorm(T* out, const T* x, const T* w, int64_t rows, int64_t d, int6
   const bool vec_ok = d % N == 0 && out_stride % N == 0 && x_stride % N == 0 &&
                       device::is_aligned<16>(out) && device::is_aligned<16>(x) &&
                       device::is_aligned<16>(w);
-  const host::RowPlan plan = host::plan_rows(rows, d, N, vec_ok);
+  const host::RowPlan plan = host::plan_rows(rows, d, N, vec_ok, WaveOptions<T>(dev));
   const auto kernel =
       plan.kvecs == 0 ? RmsNormScalarKernel<T>
                       : host::pick_row_kernel(plan, RmsNormVecKernel<T, 1>, RmsNormVecKernel<T, 2>,
@@ -188,7 +224,7 @@ void LaunchFusedAddRmsNorm(T* x, T* residual, const T* w, int64_t rows, int64_t 
   const bool vec_ok = d % N == 0 && x_stride % N == 0 && r_stride % N == 0 &&
                       device::is_aligned<16>(x) && device::is_aligned<16>(residual) &&
                       device::is_aligned<16>(w);
-  const host::RowPlan plan = host::plan_rows(rows, d, N, vec_ok);
+  const host::RowPlan plan = host::plan_rows(rows, d, N, vec_ok, WaveOptions<T>(dev));
   const auto kernel = plan.kvecs == 0
                           ? FusedAddRmsNormScalarKernel<T>
                           : host::pick_row_kernel(plan, FusedAddRmsNormVecKernel<T, 1>,

@@ -59,22 +59,21 @@ __global__ void RopeKernel(T* q, T* k, const int64_t* __restrict__ positions,
   const int64_t units = (kNeox ? half : rot_dim) / kN;
   const int64_t items = (num_heads + num_kv_heads) * units;
   for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    // The position is checked after the token's q/k loads are issued: they do not depend on it,
+    // so a few-token call waits for one load latency before the cache reads, not two.
     const int64_t pos = positions[t];
-    if (pos < 0 || pos >= max_pos) {
-      if (threadIdx.x == 0) device::record_error(error, t, pos);
-      continue;  // uniform across the block: no barrier is skipped
-    }
-    const float* cos = cache + pos * rot_dim;
-    const float* sin = cos + half;
     for (int64_t item = threadIdx.x; item < items; item += blockDim.x) {
       const int64_t head = item / units;
       const int64_t i0 = (item % units) * kN;
       T* x = head < num_heads ? q + t * q_stride + head * head_dim
                               : k + t * k_stride + (head - num_heads) * head_dim;
+      V a, b;
+      LoadElems<kVec>(a, x + i0);
+      if constexpr (kNeox) LoadElems<kVec>(b, x + half + i0);
+      if (pos < 0 || pos >= max_pos) break;  // the same for every item: recorded below
+      const float* cos = cache + pos * rot_dim;
+      const float* sin = cos + half;
       if constexpr (kNeox) {
-        V a, b;
-        LoadElems<kVec>(a, x + i0);
-        LoadElems<kVec>(b, x + half + i0);
 #pragma unroll
         for (int j = 0; j < kN; ++j) {
           const float c = __ldg(cos + i0 + j), s = __ldg(sin + i0 + j);
@@ -85,8 +84,6 @@ __global__ void RopeKernel(T* q, T* k, const int64_t* __restrict__ positions,
         StoreElems<kVec>(a, x + i0);
         StoreElems<kVec>(b, x + half + i0);
       } else {
-        V a;
-        LoadElems<kVec>(a, x + i0);
 #pragma unroll
         for (int j = 0; j < kN; j += 2) {
           const int64_t p = (i0 + j) / 2;
@@ -98,6 +95,7 @@ __global__ void RopeKernel(T* q, T* k, const int64_t* __restrict__ positions,
         StoreElems<kVec>(a, x + i0);
       }
     }
+    if ((pos < 0 || pos >= max_pos) && threadIdx.x == 0) device::record_error(error, t, pos);
   }
   device::pdl_launch_dependents();
 }
@@ -116,7 +114,8 @@ void LaunchRope(DLDevice device, T* q, T* k, const int64_t* positions, const flo
   const int64_t elems_per_unit = vec ? kV : (is_neox ? 1 : 2);
   const int64_t units = (is_neox ? rot_dim / 2 : rot_dim) / elems_per_unit;
   const int64_t items = (num_heads + num_kv_heads) * units;
-  constexpr int64_t kMaxThreads = 256;
+  // Up to 512 threads: a decode step's token (e.g. 40 heads of 8 vectors) is one item a thread.
+  constexpr int64_t kMaxThreads = 512;
   constexpr int64_t kMaxBlocks = 1 << 20;  // grid-stride loop covers more tokens
   const auto threads = static_cast<unsigned>(
       std::clamp<int64_t>(div_ceil(items, device::kWarpThreads) * device::kWarpThreads,

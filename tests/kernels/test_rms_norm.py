@@ -234,9 +234,10 @@ def test_cuda_matches_reference_and_cpu(hidden, dtype):
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", (1000, 2056, 8192, 16384, 20480))
-def test_cuda_many_rows(hidden, dtype):
-    # 600 rows plan for bandwidth (1, 4 or 8 vectors per thread) instead of latency.
-    rows = 600
+@pytest.mark.parametrize("rows", (600, 1100))
+def test_cuda_many_rows(rows, hidden, dtype):
+    # 600 rows: the latency plan's fixed vectors a thread (with weights) where the row fits 512
+    # threads; 1100 rows plan for bandwidth (1, 4 or 8 vectors per thread).
     x, w = make((rows, hidden), dtype, seed=hidden + 3), make(hidden, dtype, seed=hidden + 4)
     r = make((rows, hidden), dtype, seed=hidden + 5)
     out = torch.full((rows, hidden), float("nan"), dtype=dtype, device="cuda")
