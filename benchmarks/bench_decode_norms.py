@@ -109,6 +109,18 @@ def check(name: str, got, want, errors: dict) -> bool:
     return True
 
 
+def keep_correct(impls: dict, errors: dict, verify) -> None:
+    """Drops the implementations whose verify(name, f) is False or raises (reason in errors)."""
+    for name, f in list(impls.items()):
+        try:
+            ok = verify(name, f)
+        except Exception as error:  # noqa: BLE001 - reported, the column stays empty
+            errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+            ok = False
+        if not ok:
+            del impls[name]
+
+
 def bench_case(op: str, rows: int, hidden: int, peers: list[str], mods: dict, iters: int) -> dict:
     g = torch.Generator(device="cuda").manual_seed(rows * 7919 + hidden)
     row = {"op": op, "rows": rows, "hidden": hidden if op != "apply_rope" else None, "dtype": str(DTYPE)[6:]}
@@ -128,14 +140,7 @@ def bench_case(op: str, rows: int, hidden: int, peers: list[str], mods: dict, it
             impls["eager"] = eager_rms_norm
         x0, w0 = sets[0]
         want = ref_rms_norm(x0, w0)
-        for name, f in list(impls.items()):
-            try:
-                if not check(name, f(x0, w0), want, errors):
-                    del impls[name]
-            except Exception as error:  # noqa: BLE001
-                errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
-                del impls[name]
-        calls = {name: [lambda f=f, a=a: f(*a) for a in sets] for name, f in impls.items()}
+        keep_correct(impls, errors, lambda name, f: check(name, f(x0, w0), want, errors))
         row["bytes"] = 2 * rows * hidden * 2 + hidden * 2
     elif op == "fused_add_rms_norm":
         sets = [(torch.randn(rows, hidden, device="cuda", generator=g).to(DTYPE),
@@ -153,19 +158,14 @@ def bench_case(op: str, rows: int, hidden: int, peers: list[str], mods: dict, it
         x0, r0, w0 = sets[0]
         summed = (x0 + r0)  # rounded to bfloat16, as every implementation stores the residual
         want = ref_rms_norm(summed, w0)
-        for name, f in list(impls.items()):
+        def verify(name, f):
             x, r = x0.clone(), r0.clone()
-            try:
-                out = f(x, r, w0)
-                if name == "liger":  # out of place: returns (y, x + residual)
-                    x, r = out
-                ok = check(name, x, want, errors) and check(name + " residual", r, summed.double(), errors)
-                if not ok:
-                    del impls[name]
-            except Exception as error:  # noqa: BLE001
-                errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
-                del impls[name]
-        calls = {name: [lambda f=f, a=a: f(*a) for a in sets] for name, f in impls.items()}
+            out = f(x, r, w0)
+            if name == "liger":  # out of place: returns (y, x + residual)
+                x, r = out
+            return check(name, x, want, errors) and check(name + " residual", r, summed.double(), errors)
+
+        keep_correct(impls, errors, verify)
         row["bytes"] = 4 * rows * hidden * 2 + hidden * 2
     else:  # apply_rope: rows = tokens
         cache_pos = torch.arange(MAX_POS, device="cuda", dtype=torch.float32)[:, None]
@@ -186,19 +186,15 @@ def bench_case(op: str, rows: int, hidden: int, peers: list[str], mods: dict, it
             impls["eager"] = lambda q, k, p: eager_rope(q, k, p, cache)
         q0, k0, p0 = sets[0]
         want_q, want_k = ref_rope(q0, p0, cache), ref_rope(k0, p0, cache)
-        for name, f in list(impls.items()):
+        def verify(name, f):
             q, k = q0.clone(), k0.clone()
-            try:
-                f(q, k, p0)
-                if not (check(name, q, want_q, errors) and check(name + " k", k, want_k, errors)):
-                    del impls[name]
-            except Exception as error:  # noqa: BLE001
-                errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
-                del impls[name]
-        calls = {name: [lambda f=f, a=a: f(*a) for a in sets] for name, f in impls.items()}
+            f(q, k, p0)
+            return check(name, q, want_q, errors) and check(name + " k", k, want_k, errors)
+
+        keep_correct(impls, errors, verify)
         row["bytes"] = 2 * rows * (HEADS + KV_HEADS) * HEAD_DIM * 2 + rows * (8 + HEAD_DIM * 4)
-    for name, cs in calls.items():
-        row[f"{name}_us"], how = time_graph(cs, iters)
+    for name, f in impls.items():
+        row[f"{name}_us"], how = time_graph([lambda f=f, a=a: f(*a) for a in sets], iters)
         if how != "graph":
             row[f"{name}_how"] = how
     if errors:
