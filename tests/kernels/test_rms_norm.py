@@ -236,8 +236,8 @@ def test_cuda_matches_reference_and_cpu(hidden, dtype):
 @pytest.mark.parametrize("hidden", (1000, 2056, 8192, 16384, 20480))
 @pytest.mark.parametrize("rows", (600, 1100))
 def test_cuda_many_rows(rows, hidden, dtype):
-    # 600 rows: the latency plan's fixed vectors a thread (with weights) where the row fits 512
-    # threads; 1100 rows plan for bandwidth (1, 4 or 8 vectors per thread).
+    # Grids within 1024 threads an SM (1000 wide at both counts, 2056 at 600 rows) take 2 or 4
+    # vectors a thread with their weights; the others plan for bandwidth (1, 4 or 8 vectors).
     x, w = make((rows, hidden), dtype, seed=hidden + 3), make(hidden, dtype, seed=hidden + 4)
     r = make((rows, hidden), dtype, seed=hidden + 5)
     out = torch.full((rows, hidden), float("nan"), dtype=dtype, device="cuda")
