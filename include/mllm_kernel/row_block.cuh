@@ -4,19 +4,20 @@
  *        rows share a block, and each thread holds kVecs 16-byte vectors of its row in
  *        registers across the row's reductions, so the row is read once and written once.
  *
- * RowPlan picks kVecs and the block shape; row_reduce<kMax> reduces over one row's threads.
- * The numbers behind the plan (H200) are in benchmarks/TUNING.md.
+ * The plan (kVecs and the block shape) is host arithmetic in row_plan.hpp; row_reduce<kMax>
+ * reduces over one row's threads.
  */
 #ifndef MLLM_KERNEL_ROW_BLOCK_CUH_
 #define MLLM_KERNEL_ROW_BLOCK_CUH_
 
 #include <mllm_kernel/cuda/reduce.cuh>
-#include <mllm_kernel/utils.hpp>
+#include <mllm_kernel/row_plan.hpp>
 
-#include <algorithm>
 #include <cstdint>
 
 namespace mllm_kernel::device {
+
+static_assert(kWarpThreads == host::kPlanWarpThreads, "row_plan.hpp plans in warps of 32 threads");
 
 /*!
  * \brief Sum (or max) over the blockDim.x threads of one row; every thread gets its row's
@@ -68,9 +69,6 @@ __device__ __forceinline__ void for_each_row_vec(int nvec, bool active, F&& f) {
   }
 }
 
-// Largest block of a row-vector kernel: one row of up to 512 threads.
-inline constexpr int kRowVecMaxThreads = 512;
-
 /*!
  * \brief Launch bound of a row-vector kernel: at least 2 blocks of 512 threads per SM (64
  *        registers per thread), so one block's loads overlap another's reductions; 8 vectors
@@ -80,83 +78,5 @@ template <typename T, int kVecs>
 inline constexpr int kRowVecMinBlocks = kVecs == 8 && sizeof(T) == 2 ? 1 : 2;
 
 }  // namespace mllm_kernel::device
-
-namespace mllm_kernel::host {
-
-/*! \brief Launch shape of a row kernel. kvecs == 0: the caller's scalar (any-row) kernel. */
-struct RowPlan {
-  int kvecs = 0;
-  unsigned threads_x = 0;
-  unsigned rows_per_block = 0;
-  unsigned blocks = 0;
-};
-
-/*!
- * \brief A fixed number of vectors a thread for grids that run in one wave, for kernels that keep
- *        more state per vector (rms_norm: the vector's weights). vecs 0: not used. The caller
- *        sets max_grid_threads from the device (rms_norm: 1024 an SM).
- */
-struct RowWaveOptions {
-  int vecs = 0;
-  int64_t max_grid_threads = 0;  // the grid's threads (rows x threads a row) at most
-};
-
-/*!
- * \brief Plans rows of `width` elements: vectors of `vec_size` elements when `vec_ok` (width
- *        divisible, pointers and row strides 16-byte aligned) and the row fits 8 vectors by
- *        512 threads; otherwise the scalar kernel with up to 256 threads looping over the row.
- *        `wave`: wave.vecs vectors a thread where the row fits 512 threads and the grid
- *        wave.max_grid_threads.
- */
-inline RowPlan plan_rows(int64_t rows, int64_t width, int vec_size, bool vec_ok, RowWaveOptions wave = {}) {
-  // Scalar kernels and rows of up to 256 threads run 256-thread blocks.
-  constexpr int64_t kBlockThreads = 256, kMaxVecThreads = device::kRowVecMaxThreads;
-  // Fewer rows than this (about 4 per SM of an H100/H200) plan for latency, not bandwidth.
-  constexpr int64_t kManyRows = 512;
-  RowPlan plan;
-  int64_t threads = std::min<int64_t>(width, kBlockThreads);
-  if (vec_ok) {
-    const int64_t nvec = width / vec_size;
-    // The wave plan where its threads are at least a full warp and at most a block of 512.
-    const int64_t wave_threads = wave.vecs > 0 ? div_ceil(nvec, wave.vecs) : 0;
-    if (wave_threads >= device::kWarpThreads && wave_threads <= kMaxVecThreads &&
-        rows * div_ceil(wave_threads, device::kWarpThreads) * device::kWarpThreads <= wave.max_grid_threads) {
-      plan.kvecs = wave.vecs;
-    } else if (rows >= kManyRows) {
-      // Bandwidth: 4 vectors per thread (4 loads in flight) wherever the row fits 512
-      // threads; on an H200, 2 per thread cost up to 25% of the bandwidth on 8K-wide bf16
-      // rows. Short rows take fewer so a warp still covers them; 2049-4096 vectors take 8.
-      plan.kvecs = nvec <= 128 ? 1 : nvec <= 256 ? 2 : nvec <= 2048 ? 4 : nvec <= 4096 ? 8 : 0;
-    } else {
-      // Latency (the grid does not fill the GPU): the most threads per row, so each row's
-      // loads spread wide; up to 256 threads while the row fits 8 vectors per thread.
-      const int64_t max_threads = nvec <= 8 * kBlockThreads ? kBlockThreads : kMaxVecThreads;
-      for (int k : {1, 2, 4, 8}) {
-        if (div_ceil(nvec, k) <= max_threads) {
-          plan.kvecs = k;
-          break;
-        }
-      }
-    }
-    if (plan.kvecs != 0) threads = div_ceil(nvec, plan.kvecs);
-  }
-  plan.threads_x =
-      static_cast<unsigned>(div_ceil(threads, device::kWarpThreads) * device::kWarpThreads);
-  plan.rows_per_block = std::max<unsigned>(1, kBlockThreads / plan.threads_x);
-  // Kernels loop over row groups (grid-stride), so the cap loses nothing.
-  constexpr int64_t kMaxBlocks = int64_t{1} << 30;
-  plan.blocks = static_cast<unsigned>(std::min(div_ceil(rows, plan.rows_per_block), kMaxBlocks));
-  return plan;
-}
-
-/*! \brief The 1-, 2-, 4- or 8-vector kernel for plan.kvecs (which must not be 0). */
-template <typename Kernel>
-inline Kernel pick_row_kernel(const RowPlan& plan, Kernel v1, Kernel v2, Kernel v4, Kernel v8) {
-  RuntimeCheck(plan.kvecs == 1 || plan.kvecs == 2 || plan.kvecs == 4 || plan.kvecs == 8,
-               "pick_row_kernel: no vector kernel for kvecs=", plan.kvecs);
-  return plan.kvecs == 1 ? v1 : plan.kvecs == 2 ? v2 : plan.kvecs == 4 ? v4 : v8;
-}
-
-}  // namespace mllm_kernel::host
 
 #endif  // MLLM_KERNEL_ROW_BLOCK_CUH_

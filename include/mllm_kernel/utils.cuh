@@ -12,8 +12,9 @@
  *   cuda/cluster.cuh       cluster_rank / cluster_size / cluster_sync / cluster_peer (sm_90)
  *   cuda/error_record.cuh  record_error: a kernel's report of an out-of-range index
  *
- * Launch plans for kernel families live beside it: row_block.cuh (a row held in registers:
- * norms, softmax) and row_copy.cuh (rows copied unchanged: embedding, KV-cache stores).
+ * Launch plans for kernel families live beside it: row_block.cuh with row_plan.hpp (a row held
+ * in registers: norms, softmax) and row_copy.cuh (rows copied unchanged: embedding, KV-cache
+ * stores).
  */
 #ifndef MLLM_KERNEL_UTILS_CUH_
 #define MLLM_KERNEL_UTILS_CUH_
