@@ -1,9 +1,12 @@
 /*!
  * \file mllm_kernel/row_plan.hpp
- * \brief The launch plan of the row-per-block kernels (row_block.cuh: norms, softmax): vectors a
- *        thread, threads a row, rows a block, blocks. Host arithmetic only, so that it is tested
- *        without a GPU (tests/cpp/row_plan_test.cc). The numbers behind it are in
- *        benchmarks/TUNING.md.
+ * \brief The launch plans of the row kernels, as host arithmetic, so that they are tested
+ *        without a GPU (tests/cpp/row_plan_test.cc):
+ *        - plan_rows: a row per block held in registers (row_block.cuh: norms, softmax): vectors
+ *          a thread, threads a row, rows a block, blocks;
+ *        - plan_row_cluster_on: a long row split over a cluster of blocks (row_cluster.cuh:
+ *          sampling, long-row softmax): blocks a row, threads, the slice.
+ *        The numbers behind them are in benchmarks/TUNING.md and RESULTS.md.
  */
 #ifndef MLLM_KERNEL_ROW_PLAN_HPP_
 #define MLLM_KERNEL_ROW_PLAN_HPP_
@@ -96,6 +99,64 @@ inline Kernel pick_row_kernel(const RowPlan& plan, Kernel v1, Kernel v2, Kernel 
   RuntimeCheck(plan.kvecs == 1 || plan.kvecs == 2 || plan.kvecs == 4 || plan.kvecs == 8,
                "pick_row_kernel: no vector kernel for kvecs=", plan.kvecs);
   return plan.kvecs == 1 ? v1 : plan.kvecs == 2 ? v2 : plan.kvecs == 4 ? v4 : v8;
+}
+
+
+/*! \brief What the cluster plan needs of a device: thread-block clusters (sm_90+) and its SMs. */
+struct ClusterDevice {
+  bool clusters;
+  int64_t sms;
+};
+
+/*! \brief Clusters of `cluster` blocks of `threads` threads, one cluster per row, `slice`
+ *         elements per block; `fits`: a slice fits the caller's shared-memory budget. */
+struct RowClusterPlan {
+  unsigned cluster, threads;
+  int64_t slice;
+  bool fits;
+};
+
+/*! \brief Elements a block of 8 must exceed before a few-pass kernel fills the GPU with 16. */
+inline constexpr int64_t kWideFillSlice = 8192;
+
+/*!
+ * \brief The plan for `rows` rows of `vocab` elements of `elem_bytes`: blocks per row doubled
+ *        (up to 8 on sm_90, 1 before) while the grid stays within one block per SM, then (up
+ *        to 16) while a slice exceeds `slice_bytes` (if copy_slices); slices are whole
+ *        `align_elems` units; about 8 elements per thread, 256 to 1024 threads (512 once the
+ *        grid has more blocks than SMs). active16() (how many clusters of 16 blocks run at
+ *        once; 0: none) is called only once the plan reaches 8 blocks.
+ *        `few_passes`: the kernel reads its slice once or twice (an argmax, a top-k mask), so
+ *        long rows take 16 blocks to fill the GPU where every row's cluster runs at once.
+ */
+template <typename Active16>
+inline RowClusterPlan plan_row_cluster_on(const ClusterDevice& dev, Active16&& active16, int64_t rows, int64_t vocab,
+                                          int64_t elem_bytes, int64_t align_elems, int64_t slice_bytes,
+                                          bool copy_slices, bool few_passes) {
+  const bool hopper = dev.clusters;
+  const int64_t sms = dev.sms;
+  constexpr int64_t kMaxGrid = 0x7fffffff;
+  unsigned cluster = 1;
+  auto can_grow = [&](unsigned limit) { return cluster < limit && rows * cluster * 2 <= kMaxGrid; };
+  auto slice_for = [&](unsigned c) { return div_ceil(div_ceil(vocab, c), align_elems) * align_elems; };
+  // To fill the GPU: clusters of up to 8 blocks. Measured on an H100 (benchmarks/RESULTS.md):
+  // clusters of 16 made batch 8 up to 2.1x slower (8 clusters of 16 do not fit at once: two
+  // waves) and most ops at batch 1 and 4 up to 35% slower (more blocks in each cluster
+  // reduction); one- and two-pass ops over long rows at batch 1-4 were 6-15% faster with 16.
+  while (can_grow(hopper ? 8 : 1) && rows * cluster * 2 <= sms) cluster *= 2;
+  if (few_passes && cluster == 8 && rows * 16 <= sms && slice_for(8) > kWideFillSlice && rows <= active16()) {
+    cluster = 16;
+  }
+  // For slices that fit shared memory: up to 16 blocks where clusters of 16 can be scheduled.
+  auto max_cluster = [&] { return !hopper ? 1u : cluster < 8 || active16() == 0 ? 8u : 16u; };
+  while (copy_slices && can_grow(max_cluster()) && slice_for(cluster) * elem_bytes > slice_bytes) cluster *= 2;
+  const int64_t slice = slice_for(cluster);
+  // Grids of more blocks than SMs: at most 512 threads, so two blocks share an SM (one loads
+  // while the other computes, and one wave holds twice as many); few blocks: up to 1024, to
+  // finish each slice sooner.
+  const int64_t max_threads = rows * cluster > sms ? 512 : 1024;
+  const int64_t threads = std::clamp<int64_t>(div_ceil(slice, 8 * 32) * 32, 256, max_threads);
+  return {cluster, static_cast<unsigned>(threads), slice, slice * elem_bytes <= slice_bytes};
 }
 
 }  // namespace mllm_kernel::host

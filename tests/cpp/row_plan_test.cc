@@ -1,6 +1,9 @@
-// Tests of include/mllm_kernel/row_plan.hpp, the launch plan of the norm and softmax kernels:
-// the shapes the benchmarks chose (benchmarks/RESULTS.md), the one-wave rule of rms_norm at its
-// edges, and invariants the kernels rely on over a sweep of shapes.
+// Tests of include/mllm_kernel/row_plan.hpp, the launch plans of the row kernels: the shapes the
+// benchmarks chose (benchmarks/RESULTS.md), the rules at their edges, and invariants the kernels
+// rely on over sweeps of shapes.
+//  - plan_rows (norms, softmax): rms_norm's one-wave rule;
+//  - plan_row_cluster_on (sampling, long-row softmax): clusters of 8 to fill the GPU, 16 for
+//    few-pass ops and for slices that fit shared memory no other way.
 #include "mllm_kernel/row_plan.hpp"
 
 #include <cstdint>
@@ -9,7 +12,10 @@
 
 namespace {
 
+using mllm_kernel::host::ClusterDevice;
+using mllm_kernel::host::plan_row_cluster_on;
 using mllm_kernel::host::plan_rows;
+using mllm_kernel::host::RowClusterPlan;
 using mllm_kernel::host::RowPlan;
 using mllm_kernel::host::RowWaveOptions;
 
@@ -31,6 +37,24 @@ void ExpectPlan(const RowPlan& p, int kvecs, unsigned threads, unsigned rows_per
 
 // rms_norm's options on a GPU of 132 SMs (an H100): 2 vectors a thread of 16-bit data.
 constexpr RowWaveOptions kH100Bf16{2, 1024 * 132};
+
+// Sampling's plan on an H100 (132 SMs; `active16` clusters of 16 run at once): float32 rows,
+// 16-byte slices, 96 KiB slice budget (kernels/sampling/sampling.cuh).
+RowClusterPlan SamplingPlan(int64_t rows, int64_t vocab, bool copy_slices, bool few_passes, int active16 = 7,
+                            bool hopper = true, int* asked = nullptr) {
+  return plan_row_cluster_on(
+      ClusterDevice{hopper, 132},
+      [&] {
+        if (asked != nullptr) ++*asked;
+        return active16;
+      },
+      rows, vocab, 4, 4, 96 * 1024, copy_slices, few_passes);
+}
+
+void ExpectCluster(const RowClusterPlan& p, unsigned cluster, unsigned threads, bool fits, int64_t rows,
+                   int64_t vocab, const char* what) {
+  Expect(p.cluster == cluster && p.threads == threads && p.fits == fits, what, rows, vocab);
+}
 
 }  // namespace
 
@@ -82,6 +106,55 @@ int main() {
           Expect(p.rows_per_block >= 1 && (p.rows_per_block == 1 || p.threads_x * p.rows_per_block <= 256),
                  "rows a block", rows, width);
           Expect(static_cast<int64_t>(p.blocks) * p.rows_per_block >= rows, "every row has a block", rows, width);
+        }
+      }
+    }
+  }
+
+  // Cluster plans. Few rows fill the GPU with clusters of up to 8 blocks (1024 threads each).
+  ExpectCluster(SamplingPlan(1, 128256, true, false), 8, 1024, true, 1, 128256, "batch 1: 8 blocks");
+  ExpectCluster(SamplingPlan(8, 128256, true, false), 8, 1024, true, 8, 128256, "batch 8: 8 blocks");
+  // Few-pass ops (greedy, top_k_mask_logits) take 16 over long rows when every cluster fits...
+  ExpectCluster(SamplingPlan(1, 128256, false, true), 16, 1024, true, 1, 128256, "few passes: 16 blocks");
+  ExpectCluster(SamplingPlan(4, 151936, true, true), 16, 1024, true, 4, 151936, "few passes: 16 blocks, 4 rows");
+  // ... not when 8 clusters of 16 do not run at once, nor over short rows, nor without clusters.
+  ExpectCluster(SamplingPlan(8, 128256, true, true), 8, 1024, true, 8, 128256, "8 rows: 8 blocks");
+  ExpectCluster(SamplingPlan(4, 32000, true, true), 8, 512, true, 4, 32000, "short rows: 8 blocks");
+  ExpectCluster(SamplingPlan(1, 128256, true, true, 7, false), 1, 1024, false, 1, 128256, "no clusters: 1 block");
+  // Many rows: one block a row where the slice fits, else as many as it takes (8 at 128256
+  // float32), two 512-thread blocks an SM.
+  ExpectCluster(SamplingPlan(256, 32000, true, false), 2, 512, true, 256, 32000, "256 rows of 32000");
+  ExpectCluster(SamplingPlan(256, 128256, true, false), 8, 512, true, 256, 128256, "256 rows of 128256");
+  // Slices that fit only with 16 blocks take 16 where clusters of 16 run; else they do not fit.
+  ExpectCluster(SamplingPlan(1, 600001, true, false), 16, 1024, false, 1, 600001, "600001: 16, still too big");
+  ExpectCluster(SamplingPlan(1, 300000, true, false), 16, 1024, true, 1, 300000, "300000: fits with 16");
+  ExpectCluster(SamplingPlan(1, 300000, true, false, 0), 8, 1024, false, 1, 300000, "no clusters of 16: 8");
+  // The occupancy query is asked only once a plan reaches 8 blocks.
+  int asked = 0;
+  SamplingPlan(64, 32000, true, false, 7, true, &asked);
+  SamplingPlan(1000, 32000, true, true, 7, true, &asked);
+  Expect(asked == 0, "no query below 8 blocks", 64, 32000);
+  SamplingPlan(1, 300000, true, false, 7, true, &asked);
+  Expect(asked > 0, "a query where 8 blocks are too few", 1, 300000);
+
+  // Invariants: power-of-two clusters of at most 16 (1 without clusters), slices of whole
+  // vectors that cover the row, 256-1024 threads in warps, a grid within 2^31 - 1 blocks.
+  for (bool hopper : {true, false}) {
+    for (int active16 : {0, 7}) {
+      for (int64_t vocab : {1, 3, 4, 999, 4099, 32000, 128256, 151936, 600001, 5000000}) {
+        for (int64_t rows : {1, 2, 4, 5, 8, 16, 33, 64, 132, 256, 1000}) {
+          for (bool copy : {true, false}) {
+            for (bool few : {true, false}) {
+              const RowClusterPlan p = SamplingPlan(rows, vocab, copy, few, active16, hopper);
+              const bool pow2 = p.cluster != 0 && (p.cluster & (p.cluster - 1)) == 0;
+              Expect(pow2 && p.cluster <= (hopper ? 16u : 1u), "cluster size", rows, vocab);
+              Expect(p.cluster <= 8 || (hopper && active16 > 0), "16 only where they run", rows, vocab);
+              Expect(p.slice % 4 == 0 && p.slice * p.cluster >= vocab, "slices cover the row", rows, vocab);
+              Expect(p.threads % 32 == 0 && p.threads >= 256 && p.threads <= 1024, "threads", rows, vocab);
+              Expect(rows * p.cluster <= 0x7fffffff, "grid", rows, vocab);
+              Expect(p.fits == (p.slice * 4 <= 96 * 1024), "fits: the slice within the budget", rows, vocab);
+            }
+          }
         }
       }
     }
