@@ -40,14 +40,18 @@ __device__ __forceinline__ float InvRms(float sum_sq, int64_t d, float eps) {
   return rsqrtf(ms == 0.0f ? FLT_MIN : ms);
 }
 
-// The weight vectors of a thread's kVecs row vectors. A few are loaded with the row, so that
-// their latency is not paid again after the row's reduction (the latency of a few-row call).
-// More (over 2 of 16-bit or 4 of float32 data) spill under the 64-register launch bound, so
-// those are loaded when used.
+// Vectors a thread whose weights fit registers beside the row: more (over 2 of 16-bit or 4 of
+// float32 data) spill under the 64-register launch bound.
+template <typename T>
+inline constexpr int kEarlyWeightVecs = sizeof(T) == 4 ? 4 : 2;
+
+// The weight vectors of a thread's kVecs row vectors. Up to kEarlyWeightVecs are loaded with the
+// row, so that their latency is not paid again after the row's reduction (the latency of a
+// few-row call); more are loaded when used.
 template <typename T, int kVecs>
 struct WeightVecs {
   using Vec = device::AlignedVector<T, device::kVecSize<T>>;
-  static constexpr bool kEarly = kVecs <= (sizeof(T) == 4 ? 4 : 2);  // = WaveOptions' vecs
+  static constexpr bool kEarly = kVecs <= kEarlyWeightVecs<T>;
   Vec early[kEarly ? kVecs : 1];
   Vec late;
   __device__ __forceinline__ void prefetch(const T* w, int k, int j) {
@@ -69,7 +73,7 @@ struct WeightVecs {
 // fused_add_rms_norm and apply_rope at decode shapes").
 template <typename T>
 inline host::RowWaveOptions WaveOptions(DLDevice dev) {
-  return {sizeof(T) == 4 ? 4 : 2, int64_t{1024} * host::MultiProcessorCount(dev.device_id)};
+  return {kEarlyWeightVecs<T>, int64_t{1024} * host::MultiProcessorCount(dev.device_id)};
 }
 
 // Block size bound of the scalar kernels (host::plan_rows gives them at most 256 threads).
