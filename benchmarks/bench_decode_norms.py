@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+if (REPO / "mllm_kernel").is_dir() and str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the checkout's mllm_kernel (copy the script out to use a wheel)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("FLASHINFER_USE_CUDA_NORM", "1")  # its CUDA norm kernels, not the CuTe DSL ones
 
 import torch  # noqa: E402
