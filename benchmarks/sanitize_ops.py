@@ -24,8 +24,9 @@ def run_all():
     add_constant(torch.arange(1001, dtype=torch.int32, device="cuda"), 1)
     yield "add_constant"
     for dtype in DTYPES:
-        # Hidden sizes reach every norm launch shape: 1, 4 and 8 vectors per thread, and scalar.
-        for rows, hidden in ((3, 1000), (5, 4096), (2, 8193), (3, 20480), (2, 40000)):
+        # Hidden sizes reach every norm launch shape: 1, 2, 4 and 8 vectors per thread, and scalar;
+        # 600 rows of 4096 take the plan of grids over one wave.
+        for rows, hidden in ((3, 1000), (5, 4096), (7, 8192), (600, 4096), (2, 8193), (3, 20480), (2, 40000)):
             for x in (torch.randn(rows, hidden, device="cuda", dtype=dtype), unaligned((rows, hidden), dtype)):
                 w = torch.randn(hidden, device="cuda", dtype=dtype)
                 mk.rms_norm(x, w)
@@ -65,6 +66,10 @@ def run_all():
         positions = torch.randint(0, 64, (tokens,), device="cuda")
         mk.apply_rope(q, k, positions, cache, is_neox=True)
         mk.apply_rope(q, k, positions, cache, is_neox=False)
+        # Llama's shapes: 512-thread blocks over several tokens each.
+        q, k = (torch.randn(300, h, 128, device="cuda", dtype=dtype) for h in (32, 8))
+        cache = torch.randn(4096, 128, device="cuda", dtype=torch.float32)
+        mk.apply_rope(q, k, torch.randint(0, 4096, (300,), device="cuda"), cache, is_neox=True)
         yield f"rope {dtype}"
         kv = torch.randn(tokens, kv_heads, head_dim, device="cuda", dtype=dtype)
         k_cache = torch.zeros(3, 4, kv_heads, head_dim, device="cuda", dtype=dtype)
