@@ -103,6 +103,43 @@ __device__ __forceinline__ Slice<T> LoadSlice(const T* row, int64_t vocab, int64
   return {in_smem ? copy : src, begin, n};
 }
 
+// Calls f(value as float) for every element of the slice, in no particular order (for sums and
+// histograms). A slice of at least a vector per thread is read 16 bytes a load, its shared-memory
+// copy with shared loads (not generic ones); fewer elements (gathered candidates) one a thread,
+// so that each thread's chain of atomics stays short (TUNING.md, "Vector loads in the radix passes").
+template <typename T, typename Source, typename Fn>
+__device__ __forceinline__ void ForEachValue(const Slice<T, Source>& s, Fn&& f) {
+  constexpr int kVec = device::kVecSize<T>;
+  using Vec = AlignedVector<T, kVec>;
+  int64_t start = 0;
+  if (s.n >= static_cast<int64_t>(blockDim.x) * kVec && device::is_aligned<16>(s.data)) {
+    const int64_t nvec = s.n / kVec;
+    auto each = [&](const Vec& a) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) f(device::to_float(a[k]));
+    };
+    if (__isShared(s.data)) {
+      const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(s.data));
+      for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+        Vec a;
+        uint4& raw = *reinterpret_cast<uint4*>(&a);
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+                     : "r"(base + static_cast<uint32_t>(v) * 16u));
+        each(a);
+      }
+    } else {
+      for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+        Vec a;
+        a.load(s.data, v);
+        each(a);
+      }
+    }
+    start = nvec * kVec;
+  }
+  for (int64_t i = start + threadIdx.x; i < s.n; i += blockDim.x) f(device::to_float(s.data[i]));
+}
+
 // ----------------------------------------------------------------------------- cluster reductions
 
 struct MaxOp {
@@ -274,14 +311,13 @@ __device__ Selection RadixSelect(const Slice<T, Source>& s, uint32_t floor, Need
       if (kMass) rs.mass_lo[par][b] = rs.mass_hi[par][b] = 0;
     }
     __syncthreads();
-    for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
-      const float v = device::to_float(s.data[i]);
+    ForEachValue(s, [&](float v) {
       const uint32_t key = Key(v);
-      if (key < floor || (key & prefix_mask) != prefix) continue;
+      if (key < floor || (key & prefix_mask) != prefix) return;
       const uint32_t digit = (key >> shift) & (kBins - 1);
       atomicAdd(&rs.count[par][digit], 1u);
       if constexpr (kMass) AddMass(rs, par, digit, weight(v));
-    }
+    });
     ReductionSync<kCluster>();
     uint64_t c = 0, m = 0;
     if (threadIdx.x < kBins) {
@@ -319,7 +355,8 @@ struct SampleScratch {
  *        false) with weights w(x) (0 for dropped
  *        tokens): writes to *out the first index whose running sum exceeds floor(u * total),
  *        or 0 when every weight is 0. Warp j of a block owns a contiguous part of the slice,
- *        so index order is warp order, then block (rank) order.
+ *        so index order is warp order, then block (rank) order. With kCluster it arrives at a
+ *        cluster barrier after its last read of a peer: the caller ends with cluster_wait().
  */
 template <bool kCluster, typename T, typename Source, typename WeightFn>
 __device__ __forceinline__ void SampleIndex(const Slice<T, Source>& s, float u, WeightFn&& w, int64_t* out,
@@ -348,6 +385,8 @@ __device__ __forceinline__ void SampleIndex(const Slice<T, Source>& s, float u, 
     if constexpr (kCluster) block_before += r < rank ? x : 0;
     total += x;
   });
+  // This block reads no peer any more: the kernel's last barrier can open while one warp walks.
+  if constexpr (kCluster) device::cluster_arrive();
   parity = par ^ 1u;
   if (total == 0) {
     if ((!kCluster || rank == 0) && threadIdx.x == 0) *out = 0;
@@ -681,7 +720,7 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
   } else {
     TopPThenSample<true>(s, threshold, p, u, weight, cs, rs, ss, par, out + b);
   }
-  device::cluster_sync();  // peers may still read this block's shared memory
+  device::cluster_wait();  // peers may still read this block's shared memory (SampleIndex arrived)
   device::pdl_launch_dependents();
 }
 
@@ -710,7 +749,7 @@ __global__ void __launch_bounds__(1024, 1)
         return v >= threshold ? ProbWeight(v, scale) : 0u;
       },
       out + b, ss, par.sample);
-  device::cluster_sync();  // peers may still read this block's shared memory
+  device::cluster_wait();  // peers may still read this block's shared memory (SampleIndex arrived)
   device::pdl_launch_dependents();
 }
 
@@ -785,10 +824,7 @@ __global__ void __launch_bounds__(1024, 1)
     WriteSlice(dst, s, [&](T x) { return Key(device::to_float(x)) >= threshold ? x : masked; });
   } else {
     if (!kept_known) {
-      for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
-        const float p = device::to_float(s.data[i]);
-        kept += Key(p) >= threshold ? weight(p) : 0u;
-      }
+      ForEachValue(s, [&](float p) { kept += Key(p) >= threshold ? weight(p) : 0u; });
       kept = ClusterSum(kept, cs, par);
     }
     // p / (sum of kept p) = p * scale / kept; a row with nothing kept is written as zeros.

@@ -48,6 +48,22 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 
+/*! \brief cluster_sync in two halves: after cluster_arrive a block may still work on its own
+ *         data; cluster_wait then returns once every block of the cluster has arrived. Every
+ *         thread must call both, in this order, with no other cluster barrier between. */
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __syncthreads();
+#endif
+}
+
 /*! \brief The address of shared variable *ptr in the shared memory of cluster block \p rank. */
 template <typename T>
 __device__ __forceinline__ const T* cluster_peer(const T* ptr, unsigned rank) {
