@@ -595,6 +595,40 @@ def test_top_k_candidates_and_their_fallbacks(dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_top_p_without_top_k_paths(dtype):
+    # Top-p without top-k searches every element of the row: rows of ties (one value everywhere, a
+    # plateau holding the boundary across blocks), few finite logits, and logits that weigh 0 (40
+    # below the rest) must give the reference token, alone and in a batch (other plans), and the
+    # CPU's token.
+    batch, vocab = 6, 151936
+    x = make_logits(batch, vocab, torch.float32, seed=41, scale=3.0)
+    x[1] = 0.5                   # one value everywhere: one bin holds the row (whole-slice search)
+    x[2, 2000:60000] = 4.0       # a tie plateau over many blocks: thousands in one bin per block
+    x[3, 40:] = -float("inf")    # a few finite logits
+    x[4, 1::2] -= 40.0           # half the row 40 below the rest: it weighs 0
+    p = torch.tensor([0.9, 0.5, 0.9, 0.95, 0.999, 1e-7], dtype=torch.float32)
+    x = x.to(dtype)
+    for b, rank in ((0, 30), (3, 7), (4, 200)):
+        p[b] = top_p_between_tokens(x[b], 0, rank)
+    w = torch.exp(x[2].double() - x[2].double().max())  # the boundary inside the plateau
+    p[2] = f32((w[x[2] > 4.0].sum() + w[x[2] == 4.0].sum() / 2) / w.sum())
+    k = torch.zeros(batch, dtype=torch.int64)
+    u = safe_uniforms(batch, seed=42)
+    ref, margins = ref_top_k_top_p_off_boundaries(x, u, k, p, list(range(batch)))
+    assert (margins > BOUNDARY).all()
+    out = top_k_top_p_sample_from_uniforms(x.cuda(), u.cuda(), k.cuda(), p.cuda()).cpu()
+    assert torch.equal(out, ref), (out, ref)
+    assert torch.equal(top_k_top_p_sample_from_uniforms(x, u, k, p), ref)
+    alone = torch.cat([top_k_top_p_sample_from_uniforms(x[b:b + 1].cuda(), u[b:b + 1].cuda(), k[b:b + 1].cuda(),
+                                                        p[b:b + 1].cuda()).cpu() for b in range(batch)])
+    assert torch.equal(alone, ref)
+    rep = torch.arange(256) % batch
+    many = top_k_top_p_sample_from_uniforms(x[rep].cuda(), u[rep].cuda(), k[rep].cuda(), p[rep].cuda()).cpu()
+    assert torch.equal(many, ref[rep])
+
+
+@requires_cuda
 def test_sampling_cuda_graph():
     x = make_logits(4, 32000, torch.bfloat16, seed=17, device="cuda")
     u = safe_uniforms(4, seed=18, device="cuda")
