@@ -560,6 +560,17 @@ def test_sampling_cuda_same_token_for_every_plan():
     assert torch.equal(torch.cat(alone), min_p_sample_from_uniforms(probs.expand(64, vocab), u, 0.05))
 
 
+def assert_cuda_plans_agree(x, u, k, p, ref, batch):
+    """top_k_top_p on CUDA gives ref for each row alone (a cluster of blocks each) and for the rows
+    repeated in a batch of `batch` (other plans)."""
+    alone = torch.cat([top_k_top_p_sample_from_uniforms(x[b:b + 1].cuda(), u[b:b + 1].cuda(), k[b:b + 1].cuda(),
+                                                        p[b:b + 1].cuda()).cpu() for b in range(x.shape[0])])
+    assert torch.equal(alone, ref)
+    rep = torch.arange(batch) % x.shape[0]
+    many = top_k_top_p_sample_from_uniforms(x[rep].cuda(), u[rep].cuda(), k[rep].cuda(), p[rep].cuda()).cpu()
+    assert torch.equal(many, ref[rep])
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_top_k_candidates_and_their_fallbacks(dtype):
@@ -582,13 +593,7 @@ def test_top_k_candidates_and_their_fallbacks(dtype):
     out = top_k_top_p_sample_from_uniforms(x.cuda(), u.cuda(), k.cuda(), p.cuda()).cpu()
     assert (margins > BOUNDARY).all()
     assert torch.equal(out, ref), (out, ref)
-    # The same rows alone (a cluster of 8 blocks each) and repeated in a batch of 64 (other plans).
-    alone = torch.cat([top_k_top_p_sample_from_uniforms(x[b:b + 1].cuda(), u[b:b + 1].cuda(), k[b:b + 1].cuda(),
-                                                        p[b:b + 1].cuda()).cpu() for b in range(batch)])
-    assert torch.equal(alone, ref)
-    rep = torch.arange(64) % batch
-    many = top_k_top_p_sample_from_uniforms(x[rep].cuda(), u[rep].cuda(), k[rep].cuda(), p[rep].cuda()).cpu()
-    assert torch.equal(many, ref[rep])
+    assert_cuda_plans_agree(x, u, k, p, ref, 64)
     # The top-k filters on the same rows (they search the whole slice; see TUNING.md).
     check_filter("top_k_mask_logits", "cuda", x, k)
     check_filter("top_k_renorm_probs", "cuda", torch.softmax(x.double(), -1).to(dtype), k)
@@ -603,8 +608,8 @@ def test_top_p_without_top_k_paths(dtype):
     # CPU's token.
     batch, vocab = 6, 151936
     x = make_logits(batch, vocab, torch.float32, seed=41, scale=3.0)
-    x[1] = 0.5                   # one value everywhere: one bin holds the row (whole-slice search)
-    x[2, 2000:60000] = 4.0       # a tie plateau over many blocks: thousands in one bin per block
+    x[1] = 0.5                   # one value everywhere: every logit ties
+    x[2, 2000:60000] = 4.0       # a tie plateau over several blocks' slices, holding the boundary
     x[3, 40:] = -float("inf")    # a few finite logits
     x[4, 1::2] -= 40.0           # half the row 40 below the rest: it weighs 0
     p = torch.tensor([0.9, 0.5, 0.9, 0.95, 0.999, 1e-7], dtype=torch.float32)
@@ -612,7 +617,7 @@ def test_top_p_without_top_k_paths(dtype):
     for b, rank in ((0, 30), (3, 7), (4, 200)):
         p[b] = top_p_between_tokens(x[b], 0, rank)
     w = torch.exp(x[2].double() - x[2].double().max())  # the boundary inside the plateau
-    p[2] = f32((w[x[2] > 4.0].sum() + w[x[2] == 4.0].sum() / 2) / w.sum())
+    p[2] = f32(((w[x[2] > 4.0].sum() + w[x[2] == 4.0].sum() / 2) / w.sum()).item())
     k = torch.zeros(batch, dtype=torch.int64)
     u = safe_uniforms(batch, seed=42)
     ref, margins = ref_top_k_top_p_off_boundaries(x, u, k, p, list(range(batch)))
@@ -620,12 +625,7 @@ def test_top_p_without_top_k_paths(dtype):
     out = top_k_top_p_sample_from_uniforms(x.cuda(), u.cuda(), k.cuda(), p.cuda()).cpu()
     assert torch.equal(out, ref), (out, ref)
     assert torch.equal(top_k_top_p_sample_from_uniforms(x, u, k, p), ref)
-    alone = torch.cat([top_k_top_p_sample_from_uniforms(x[b:b + 1].cuda(), u[b:b + 1].cuda(), k[b:b + 1].cuda(),
-                                                        p[b:b + 1].cuda()).cpu() for b in range(batch)])
-    assert torch.equal(alone, ref)
-    rep = torch.arange(256) % batch
-    many = top_k_top_p_sample_from_uniforms(x[rep].cuda(), u[rep].cuda(), k[rep].cuda(), p[rep].cuda()).cpu()
-    assert torch.equal(many, ref[rep])
+    assert_cuda_plans_agree(x, u, k, p, ref, 256)
 
 
 @requires_cuda
