@@ -3,8 +3,8 @@
  * \brief CPU token sampling: greedy (argmax), top-k/top-p and min-p by inverse CDF, and the
  *        top-k / top-p filters.
  *
- * greedy is vectorized with Highway (sampling-inl.h, dynamic dispatch); the rest is scalar C++
- * (the work per row is dominated by selection, not arithmetic); logits/probs in
+ * greedy and min-p are vectorized with Highway (sampling-inl.h, dynamic dispatch); the rest is
+ * scalar C++ (the work per row is dominated by selection, not arithmetic); logits/probs in
  * float32, float16 or bfloat16, read as float32; sums in float64. The random numbers come
  * from the caller (one float32 uniform in [0, 1) per row), so CPU and CUDA pick the same token
  * for the same uniforms up to rounding at CDF boundaries.
@@ -311,9 +311,14 @@ inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
   const int64_t n = rows.vocab;
   const int64_t workers = RowWorkers(kOp, num_threads, rows, kMinElementsPerWorker);
   host::DispatchFloat<kDLCPU>(rows.dtype, [&]<typename T>() {
+    HWY_EXPORT_T(Table, sampling_detail::MinPRow<T>);
     const T* base = data_ptr<const T>(probs);
     ForEachRow(rows.batch, n, workers, false, [&](int64_t b, RowScratch&) {
       const T* row = base + b * rows.stride;
+      if (const int64_t token = HWY_DYNAMIC_DISPATCH_T(Table)(row, n, mp[b], u[b]); token >= 0) {
+        dst[b] = token;  // Highway (sampling-inl.h); rows with a NaN take the loops below
+        return;
+      }
       float max_p = ToFloat(row[0]);
       for (int64_t i = 1; i < n; ++i) max_p = std::max(max_p, ToFloat(row[i]));
       const float threshold = mp[b] * max_p;  // float32, as on CUDA

@@ -260,6 +260,28 @@ def test_min_p_matches_reference(vocab, dtype):
     assert_tokens_match(out, ref, margins)
 
 
+def test_min_p_edge_rows():
+    # The CPU's vector path hands rows holding a NaN to its scalar loop (the max skips a NaN after
+    # the first element, a NaN first keeps nothing); rows of zeros keep nothing (token 0); a row of
+    # one token and a zero tail stay in the vector path.
+    batch, vocab = 6, 1001
+    probs = torch.softmax(make_logits(batch, vocab, seed=51), -1)
+    probs[1, 500] = float("nan")
+    probs[2, 0] = float("nan")
+    probs[3] = 0.0
+    probs[4] = 0.0
+    probs[4, 777] = 1.0
+    probs[5, 900:] = 0.0
+    min_p = torch.tensor([0.1, 0.1, 0.1, 0.0, 0.5, 0.05], dtype=torch.float32)
+    u = safe_uniforms(batch, seed=52)
+    out = min_p_sample_from_uniforms(probs, u, min_p)
+    clean = torch.nan_to_num(probs, nan=0.0)  # the NaN of row 1 is never kept: as a 0 below min_p
+    rows = [0, 1, 5]
+    ref, margins = ref_min_p_unambiguous(clean[rows], u[rows], min_p[rows])
+    assert_tokens_match(out[rows], ref, margins)
+    assert out[2:5].tolist() == [0, 0, 777]
+
+
 def test_min_p_distribution():
     batch, vocab = 4096, 64
     probs = torch.softmax(make_logits(1, vocab, seed=11, scale=2.0), -1)
