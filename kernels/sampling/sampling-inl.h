@@ -41,36 +41,43 @@ HWY_INLINE size_t FindFirst(const T* HWY_RESTRICT x, size_t n, Pred&& pred) {
   return n;
 }
 
-// argmax of one row, n > 0: the first NaN if there is one (like torch), else the first index
-// of the max. Two passes: the max (and whether a NaN occurs), then the first index holding it.
+// The max of x[0, n), n > 0, and whether a NaN occurs (*nan; the max is then meaningless).
 template <typename T>
-HWY_INLINE int64_t ArgMaxRow(const T* HWY_RESTRICT x, size_t n) {
+HWY_INLINE float RowMax(const T* HWY_RESTRICT x, size_t n, bool* nan) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
   const auto neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
   auto vmax0 = neg_inf, vmax1 = neg_inf;  // two accumulators hide the max latency
-  auto nan = hn::MaskFalse(df);
+  auto any_nan = hn::MaskFalse(df);
   size_t i = 0;
   for (; i + 2 * lanes <= n; i += 2 * lanes) {
     const auto v0 = LoadF32(df, x + i), v1 = LoadF32(df, x + i + lanes);
     vmax0 = hn::Max(vmax0, v0);
     vmax1 = hn::Max(vmax1, v1);
-    nan = hn::Or(nan, hn::Or(hn::IsNaN(v0), hn::IsNaN(v1)));
+    any_nan = hn::Or(any_nan, hn::Or(hn::IsNaN(v0), hn::IsNaN(v1)));
   }
   for (; i + lanes <= n; i += lanes) {
     const auto v = LoadF32(df, x + i);
     vmax0 = hn::Max(vmax0, v);
-    nan = hn::Or(nan, hn::IsNaN(v));
+    any_nan = hn::Or(any_nan, hn::IsNaN(v));
   }
   if (i < n) {  // zero-filled lanes are not NaN, and -inf does not win the max
     const auto v = LoadF32N(df, x + i, n - i);
     vmax0 = hn::Max(vmax0, hn::IfThenElse(hn::FirstN(df, n - i), v, neg_inf));
-    nan = hn::Or(nan, hn::IsNaN(v));
+    any_nan = hn::Or(any_nan, hn::IsNaN(v));
   }
-  if (!hn::AllFalse(df, nan)) {
-    return static_cast<int64_t>(FindFirst(x, n, [&](hn::Vec<DF> v) { return hn::IsNaN(v); }));
-  }
-  const auto vmax = hn::Set(df, hn::ReduceMax(df, hn::Max(vmax0, vmax1)));
+  *nan = !hn::AllFalse(df, any_nan);
+  return hn::ReduceMax(df, hn::Max(vmax0, vmax1));
+}
+
+// argmax of one row, n > 0: the first NaN if there is one (like torch), else the first index
+// of the max. Two passes: the max (and whether a NaN occurs), then the first index holding it.
+template <typename T>
+HWY_INLINE int64_t ArgMaxRow(const T* HWY_RESTRICT x, size_t n) {
+  bool nan;
+  const float max = RowMax(x, n, &nan);
+  if (nan) return static_cast<int64_t>(FindFirst(x, n, [&](hn::Vec<DF> v) { return hn::IsNaN(v); }));
+  const auto vmax = hn::Set(DF(), max);
   return static_cast<int64_t>(FindFirst(x, n, [&](hn::Vec<DF> v) { return hn::Eq(v, vmax); }));
 }
 
@@ -93,24 +100,9 @@ template <typename T>
 int64_t MinPRow(const T* HWY_RESTRICT x, int64_t length, float min_p, float u) {
 #if HWY_HAVE_FLOAT64
   const size_t n = static_cast<size_t>(length);
-  const DF df;
-  const size_t lanes = hn::Lanes(df);
-  const auto neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
-  auto vmax = neg_inf;
-  auto nan = hn::MaskFalse(df);
-  size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto v = LoadF32(df, x + i);
-    vmax = hn::Max(vmax, v);
-    nan = hn::Or(nan, hn::IsNaN(v));
-  }
-  if (i < n) {
-    const auto v = LoadF32N(df, x + i, n - i);
-    vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(df, n - i), v, neg_inf));
-    nan = hn::Or(nan, hn::IsNaN(v));
-  }
-  if (!hn::AllFalse(df, nan)) return -1;
-  const float threshold = min_p * hn::ReduceMax(df, vmax);
+  bool nan;
+  const float threshold = min_p * RowMax(x, n, &nan);
+  if (nan) return -1;
 
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> dh;  // a float per double lane
@@ -126,7 +118,8 @@ int64_t MinPRow(const T* HWY_RESTRICT x, int64_t length, float min_p, float u) {
     return hn::PromoteTo(dd, hn::IfThenElseZero(hn::And(hn::Ge(v, thr), hn::Gt(v, zero)), v));
   };
   auto s0 = hn::Zero(dd), s1 = s0, s2 = s0, s3 = s0;
-  for (i = 0; i + 4 * dl <= n; i += 4 * dl) {
+  size_t i = 0;
+  for (; i + 4 * dl <= n; i += 4 * dl) {
     s0 = hn::Add(s0, kept(i, dl));
     s1 = hn::Add(s1, kept(i + dl, dl));
     s2 = hn::Add(s2, kept(i + 2 * dl, dl));
