@@ -209,6 +209,16 @@ __device__ __forceinline__ float KeyThresholdValue(uint32_t key) {
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
 }
 
+// Floats [*lo_value, *hi_value] with v in them <=> Key(v) in [lo, hi], for every v (NaN in
+// neither), where no NaN key lies in [lo, hi]; false where one may (then compare keys).
+__device__ __forceinline__ bool KeyRangeValues(uint32_t lo, uint32_t hi, float* lo_value, float* hi_value) {
+  if (lo < Key(-INFINITY) || hi > Key(INFINITY)) return false;
+  *lo_value = KeyThresholdValue(lo);
+  // Key(-0) is Key(+0): the largest key below it that a float has is -denorm_min's.
+  *hi_value = __uint_as_float((hi & 0x80000000u) ? (hi & 0x7FFFFFFFu) : ~min(hi, 0x7FFFFFFEu));
+  return true;
+}
+
 // Fixed-point weight of a logit: exp(v - row_max) in [0, 1] times 2^31 (NaN -> 0), by the SFU's
 // 2^x (relative error about 2^-22, against about 2^-23 for expf's 12 instructions: the same
 // function on every plan, so the token still does not depend on the plan).
@@ -316,22 +326,53 @@ __device__ Selection RadixSelect(const Slice<T, Source>& s, uint32_t floor, Need
   uint64_t need = 0, above = 0;  // above: the weight of elements above the current bin
   for (int shift = 32 - kRadixBits; shift > 32 - kKeyBits<Source> - kRadixBits; shift -= kRadixBits) {
     const unsigned par = parity;
+    // The pass counts keys in [lo, hi]. Over whole slices a float compare tells them (later
+    // passes: most elements fall outside) or every key counts (a first pass without floor); one
+    // block's few gathered candidates keep the one loop (less code on the path of a row).
+    const uint32_t lo = max(prefix, floor), hi = prefix | ~prefix_mask;
+    const bool all_keys = kCluster && lo == 0 && hi == UINT32_MAX;
+    // A mass search's pass over every key sums masses only: its bins hold too many elements for
+    // a count of 1 to end the search, and the atomics of a crowded first pass collide.
+    const bool counted = !kMass || !all_keys;
     for (unsigned b = threadIdx.x; b < kBins; b += blockDim.x) {
-      rs.count[par][b] = 0;
+      if (counted) rs.count[par][b] = 0;
       if (kMass) rs.mass_lo[par][b] = rs.mass_hi[par][b] = 0;
     }
     __syncthreads();
-    ForEachValue(s, [&](float v) {
-      const uint32_t key = Key(v);
-      if (key < floor || (key & prefix_mask) != prefix) return;
+    auto add = [&](float v, uint32_t key) {
       const uint32_t digit = (key >> shift) & (kBins - 1);
       atomicAdd(&rs.count[par][digit], 1u);
       if constexpr (kMass) AddMass(rs, par, digit, weight(v));
-    });
+    };
+    float lo_value, hi_value;
+    if (!kCluster) {
+      ForEachValue(s, [&](float v) {
+        const uint32_t key = Key(v);
+        if (key - lo <= hi - lo) add(v, key);
+      });
+    } else if (all_keys) {
+      ForEachValue(s, [&](float v) {
+        const uint32_t key = Key(v);
+        if constexpr (kMass) {
+          AddMass(rs, par, (key >> shift) & (kBins - 1), weight(v));
+        } else {
+          add(v, key);
+        }
+      });
+    } else if (KeyRangeValues(lo, hi, &lo_value, &hi_value)) {
+      ForEachValue(s, [&](float v) {
+        if (v >= lo_value && v <= hi_value) add(v, Key(v));
+      });
+    } else {
+      ForEachValue(s, [&](float v) {
+        const uint32_t key = Key(v);
+        if (key - lo <= hi - lo) add(v, key);
+      });
+    }
     ReductionSync<kCluster>();
-    uint64_t c = 0, m = 0;
+    uint64_t c = counted ? 0 : 2, m = 0;  // uncounted: any count but 1
     if (threadIdx.x < kBins) {
-      ForEachBlock<kCluster>(&rs.count[par][threadIdx.x], [&](unsigned, uint32_t x) { c += x; });
+      if (counted) ForEachBlock<kCluster>(&rs.count[par][threadIdx.x], [&](unsigned, uint32_t x) { c += x; });
       if constexpr (kMass) {
         ForEachBlock<kCluster>(&rs.mass_lo[par][threadIdx.x], [&](unsigned, uint32_t x) { m += x; });
         ForEachBlock<kCluster>(&rs.mass_hi[par][threadIdx.x], [&](unsigned, uint32_t x) { m += static_cast<uint64_t>(x) << 32; });
@@ -377,42 +418,46 @@ __device__ __forceinline__ uint64_t WarpSumSmall(uint64_t x) {
  *        false) with weights w(x) (0 for dropped
  *        tokens): writes to *out the first index whose running sum exceeds floor(u * total),
  *        or 0 when every weight is 0. Warp j of a block owns a contiguous part of the slice,
- *        so index order is warp order, then block (rank) order. A lane takes a group of one
- *        16-byte vector's elements at a time (one load where the slice is aligned): the warp
- *        that holds the crossing steps over 32 groups by their sum and scans only the step that
- *        crosses. With kCluster it arrives at a cluster barrier after its last read of a peer:
+ *        so index order is warp order, then block (rank) order. Over slices a lane takes a
+ *        group of one 16-byte vector's elements at a time (one load where the slice is
+ *        aligned): the warp that holds the crossing steps over 32 groups by their sum and
+ *        scans only the step that crosses. With kCluster it arrives at a cluster barrier after its last read of a peer:
  *        the caller ends with cluster_wait().
  */
 template <bool kCluster, typename T, typename Source, typename WeightFn>
 __device__ __forceinline__ void SampleIndex(const Slice<T, Source>& s, float u, WeightFn&& w, int64_t* out,
                                             SampleScratch& ss, unsigned& parity) {
-  constexpr int kGroup = device::kVecSize<T>;
+  // Elements a lane takes at once: a 16-byte vector over slices, one over one block's few
+  // gathered candidates.
+  constexpr int kGroup = kCluster ? device::kVecSize<T> : 1;
   const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
   const unsigned num_warps = blockDim.x / kWarpThreads;
   // Warp parts of whole groups, so that every group of an aligned slice is one aligned vector.
   const int64_t part = ((s.n + kGroup - 1) / kGroup + num_warps - 1) / num_warps * kGroup;
   const int64_t begin = min(s.n, part * warp), end = min(s.n, begin + part);
-  const bool vectors = device::is_aligned<16>(s.data);
+  const bool vectors = kGroup > 1 && device::is_aligned<16>(s.data);
   const bool shared = vectors && __isShared(s.data);
   const uint32_t shared_base = shared ? static_cast<uint32_t>(__cvta_generic_to_shared(s.data)) : 0u;
   // wk = the weights of elements [i, i + kGroup) of the slice (0 past end); i is a multiple of kGroup.
   auto group_weights = [&](int64_t i, uint32_t(&wk)[kGroup]) {
-    if (vectors && i + kGroup <= end) {
-      AlignedVector<T, kGroup> a;
-      if (shared) {
-        uint4& raw = *reinterpret_cast<uint4*>(&a);
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-                     : "r"(shared_base + static_cast<uint32_t>(i) * static_cast<uint32_t>(sizeof(T))));
-      } else {
-        a.load(s.data + i);
+    if constexpr (kGroup > 1) {
+      if (vectors && i + kGroup <= end) {
+        AlignedVector<T, kGroup> a;
+        if (shared) {
+          uint4& raw = *reinterpret_cast<uint4*>(&a);
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+                       : "r"(shared_base + static_cast<uint32_t>(i) * static_cast<uint32_t>(sizeof(T))));
+        } else {
+          a.load(s.data + i);
+        }
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) wk[k] = w(a[k]);
+        return;
       }
-#pragma unroll
-      for (int k = 0; k < kGroup; ++k) wk[k] = w(a[k]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kGroup; ++k) wk[k] = i + k < end ? w(s.data[i + k]) : 0u;
     }
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) wk[k] = i + k < end ? w(s.data[i + k]) : 0u;
   };
   constexpr int64_t kStep = int64_t{kWarpThreads} * kGroup;  // elements a warp takes per step
   uint64_t local = 0;
@@ -458,10 +503,12 @@ __device__ __forceinline__ void SampleIndex(const Slice<T, Source>& s, float u, 
     uint64_t mine = 0;
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) mine += wk[k];
-    const uint64_t step = WarpSumSmall(mine);
-    if (run + step <= target) {  // warp-uniform
-      run += step;
-      continue;
+    if (base + kStep < end) {  // not the last step, which holds the crossing if no other did
+      const uint64_t step = WarpSumSmall(mine);
+      if (run + step <= target) {  // warp-uniform
+        run += step;
+        continue;
+      }
     }
     uint64_t incl = mine;  // inclusive scan over the lanes' groups
 #pragma unroll

@@ -461,6 +461,38 @@ def test_filters_cuda(op, batch, vocab, dtype):
     torch.testing.assert_close(globals()[op](unaligned.cuda(), params.cuda()), out, rtol=0, atol=0)
 
 
+@requires_cuda
+@pytest.mark.parametrize("vocab", (4099, 128256))
+def test_top_k_mask_cuda_special_values_at_the_boundary(vocab):
+    # The k-th largest logit lands on signed zeros, subnormals, an infinity or the largest
+    # floats: later radix passes tell the elements of a bin by a float range, which must agree
+    # with the key order there (-0 and +0 are one value; no NaN in these rows).
+    g = torch.Generator().manual_seed(vocab)
+    rows, ks = [], []
+    def row(specials, k):
+        x = torch.randn(vocab, generator=g) - 50.0  # below every special value but -inf
+        x[: len(specials)] = torch.tensor(specials)
+        rows.append(x[torch.randperm(vocab, generator=g)])
+        ks.append(k)
+    tiny = 2.0 ** -149
+    zeros = [-0.0] * 300 + [0.0] * 300
+    row([1.0] * 100 + zeros, 150)                              # the 150th: a zero of either sign
+    row([1.0] * 100 + zeros + [-tiny] * 50, 701)                # -denorm_min, just below -0
+    row([tiny] * 40 + [2 * tiny] * 40 + zeros, 60)              # subnormals above +0
+    row([tiny] * 40 + zeros + [-tiny, -2 * tiny] * 30, 650)     # negative subnormals
+    row([float("inf")] * 10 + [3e38] * 20 + [-3e38] * 20, 25)   # the largest finite floats
+    row([float("inf")] * 10 + [3e38] * 20 + [-3e38] * 20, 45)   # the most negative finite one
+    row([float("-inf")] * (vocab - 30), vocab - 10)            # -inf at the boundary
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.stack(rows).to(dtype)
+        k = torch.tensor(ks, dtype=torch.int64)
+        out = top_k_mask_logits(x.cuda(), k.cuda()).cpu()
+        for b in range(x.shape[0]):
+            expect = ref_filter("top_k_mask_logits", x[b], int(k[b])).to(dtype)
+            assert torch.equal(out[b], expect), (dtype, b)
+        assert torch.equal(out, top_k_mask_logits(x, k))
+
+
 # ----------------------------------------------------------------------------- CUDA
 
 
