@@ -604,8 +604,7 @@ struct SurvivorScratch {
   float values[kMaxSurvivors];
   uint32_t index[kMaxSurvivors];
   uint32_t warp_counts[kWarpThreads];
-  uint32_t count;                                   // published to the cluster (GatherCandidates)
-  uint32_t offset[device::kMaxClusterBlocks];       // where each block's survivors go there
+  uint32_t counts[device::kMaxClusterBlocks];  // every block's survivors, written by each block (GatherCandidates)
 };
 
 /*! \brief The number of elements of s with Key >= threshold (block-uniform); when it is at most
@@ -711,39 +710,40 @@ __device__ __forceinline__ uint32_t KthLargestThreadMax(float thread_max, int64_
 
 /*!
  * \brief Gathers the row's elements with Key >= floor (the candidates) into block 0 of the
- *        cluster: each block compacts its own (CompactSurvivors), then block 0 copies them all,
- *        in rank order (= index order), into values / index (index: the position in the row)
- *        and *out views them there. Returns false, the same in every block, when some block has
- *        more than kMaxSurvivors or the row more than `capacity`: nothing is gathered then.
+ *        cluster: each block compacts its own (CompactSurvivors), tells every block its count,
+ *        and writes its candidates into block 0's values / index (index: the position in the
+ *        row) in rank order (= index order); then it arrives at a cluster barrier, and block 0
+ *        waits there for all of them (cluster_wait) before reading *out. No block reads a peer's
+ *        shared memory, so the others may leave after arriving. Returns false, the same in every
+ *        block, when some block has more than kMaxSurvivors or the row more than `capacity`:
+ *        nothing is gathered then, and no block has arrived.
  */
 template <typename T>
 __device__ bool GatherCandidates(const Slice<T>& s, uint32_t floor, int64_t slice_len, int64_t capacity,
                                  SurvivorScratch& sv, float* values, uint32_t* index, Slice<float, T>* out) {
   Slice<float, T> mine;
   const uint32_t n = CompactSurvivors(s, floor, sv, &mine);
-  if (threadIdx.x == 0) sv.count = n;
-  device::cluster_sync();  // every block's count and candidates are written
-  uint64_t total = 0;
+  const unsigned rank = device::cluster_rank(), size = device::cluster_size();
+  if (threadIdx.x < size) *device::cluster_peer(&sv.counts[rank], threadIdx.x) = n;
+  device::cluster_sync();  // every block holds every count
+  uint64_t total = 0, before = 0;
   uint32_t most = 0;
-  device::for_each_peer(&sv.count, [&](unsigned r, uint32_t c) {
-    if (threadIdx.x == 0) sv.offset[r] = static_cast<uint32_t>(total);
+  for (unsigned r = 0; r < size; ++r) {
+    const uint32_t c = sv.counts[r];
+    before += r < rank ? c : 0;
     total += c;
     most = max(most, c);
-  });
-  if (most > kMaxSurvivors || total > static_cast<uint64_t>(capacity)) return false;
-  if (device::cluster_rank() != 0) return true;
-  __syncthreads();  // sv.offset
-  const unsigned lane = threadIdx.x % kWarpThreads, warp = threadIdx.x / kWarpThreads;
-  for (unsigned r = warp; r < device::cluster_size(); r += blockDim.x / kWarpThreads) {
-    const SurvivorScratch* peer = device::cluster_peer(&sv, r);
-    const uint32_t c = peer->count, at = sv.offset[r];
-    const uint32_t begin = static_cast<uint32_t>(r * slice_len);
-    for (uint32_t j = lane; j < c; j += kWarpThreads) {
-      values[at + j] = peer->values[j];
-      index[at + j] = begin + peer->index[j];
-    }
   }
-  __syncthreads();
+  if (most > kMaxSurvivors || total > static_cast<uint64_t>(capacity)) return false;
+  // Block 0's gather space is its slice, which it no longer reads: it compacted before the barrier.
+  float* to_values = device::cluster_peer(values, 0) + before;
+  uint32_t* to_index = device::cluster_peer(index, 0) + before;
+  const uint32_t begin = static_cast<uint32_t>(rank * slice_len);
+  for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
+    to_values[j] = sv.values[j];
+    to_index[j] = begin + sv.index[j];
+  }
+  device::cluster_arrive();  // release: block 0 sees the candidates after its cluster_wait
   *out = {values, 0, static_cast<int64_t>(total), index};
   return true;
 }
@@ -819,8 +819,8 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
   Slice<float, T> candidates;
   if (floor != 0 && GatherCandidates(s, floor, slice_len, capacity, sv, gathered_values,
                                      reinterpret_cast<uint32_t*>(gathered_values + capacity), &candidates)) {
-    device::cluster_sync();  // block 0 has copied the candidates out of every block
     if (device::cluster_rank() == 0) {
+      device::cluster_wait();  // every block's candidates have landed here
       const uint32_t threshold =
           max(floor, RadixSelect<false, false>(candidates, floor, CountNeed{k}, weight, rs, par.radix).threshold);
       TopPThenSample<false>(candidates, threshold, p, u, weight, cs, rs, ss, par, out + b);

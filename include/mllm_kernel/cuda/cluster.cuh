@@ -6,7 +6,8 @@
  *        size 1, the barrier is __syncthreads and the peer is this block.
  *
  * Launch with host::LaunchKernel(...).cluster(n). A block must not exit while a peer may still
- * read its shared memory: end such kernels with cluster_sync().
+ * read or write its shared memory: end such kernels with cluster_sync(). A block that only
+ * writes into peers may cluster_arrive() and exit (an exited thread counts as arrived).
  */
 #ifndef MLLM_KERNEL_CUDA_CLUSTER_CUH_
 #define MLLM_KERNEL_CUDA_CLUSTER_CUH_
@@ -75,6 +76,12 @@ __device__ __forceinline__ const T* cluster_peer(const T* ptr, unsigned rank) {
   (void)rank;
   return ptr;
 #endif
+}
+
+/*! \brief The same for a variable this block writes into a peer's shared memory. */
+template <typename T>
+__device__ __forceinline__ T* cluster_peer(T* ptr, unsigned rank) {
+  return const_cast<T*>(cluster_peer(static_cast<const T*>(ptr), rank));
 }
 
 /*! \brief The largest cluster (non-portable; 8 is the portable limit). */
