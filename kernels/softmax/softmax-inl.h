@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #if defined(MLLM_KERNEL_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef MLLM_KERNEL_SOFTMAX_INL_H_
@@ -31,13 +32,12 @@ using DF = hn::ScalableTag<float>;
 // (mllm_kernel/cpu/simd_io-inl.h).
 
 // One row: out = softmax(x * inv_temp) or log_softmax(x * inv_temp), accumulated in float32.
-// Three passes over the row (max, sum of exp, write). A float32 softmax stores the exps in out
-// during the sum and scales them in place after, one exp per element; fp16/bf16 outputs
-// recompute the exp in the last pass instead (a vocab row fits in L2), so that they are rounded
-// once.
+// Three passes over the row (max, sum of exp, write). softmax keeps the exps, one per element,
+// until the sum is known: float32 in out itself (scaled in place after), fp16/bf16 in the
+// float32 `scratch` of n elements (so that they are rounded once, in the last pass).
 template <typename T>
 HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, float inv_temp,
-                    bool log) {
+                    bool log, float* HWY_RESTRICT scratch) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
   const auto neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
@@ -64,30 +64,31 @@ HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, floa
   const auto vs2 = hn::Set(df, 2.0f * inv_temp);
   auto scaled = [&](hn::Vec<DF> v) { return hn::Mul(hn::MulSub(v, vhalf, vhalf_max), vs2); };
 
-  // Pass 2: sum of exp((x - max) * s); a float32 softmax keeps them in out (never x: the
+  // Pass 2: sum of exp((x - max) * s); softmax keeps them in `exps` (out is never x: the
   // contract rejects aliasing).
-  constexpr bool kFloat = std::is_same_v<T, float>;
-  const bool keep = kFloat && !log;
+  float* exps = scratch;
+  if constexpr (std::is_same_v<T, float>) exps = out;
+  const bool keep = !log;
   auto vsum0 = hn::Zero(df), vsum1 = hn::Zero(df);
   i = 0;
   for (; i + 2 * lanes <= n; i += 2 * lanes) {
     const auto e0 = hn::Exp(df, scaled(LoadF32(df, x + i)));
     const auto e1 = hn::Exp(df, scaled(LoadF32(df, x + i + lanes)));
     if (keep) {
-      StoreF32(df, e0, out + i);
-      StoreF32(df, e1, out + i + lanes);
+      StoreF32(df, e0, exps + i);
+      StoreF32(df, e1, exps + i + lanes);
     }
     vsum0 = hn::Add(vsum0, e0);
     vsum1 = hn::Add(vsum1, e1);
   }
   for (; i + lanes <= n; i += lanes) {
     const auto e = hn::Exp(df, scaled(LoadF32(df, x + i)));
-    if (keep) StoreF32(df, e, out + i);
+    if (keep) StoreF32(df, e, exps + i);
     vsum0 = hn::Add(vsum0, e);
   }
   if (i < n) {
     const auto e = hn::Exp(df, scaled(LoadF32N(df, x + i, n - i)));
-    if (keep) StoreF32N(df, e, out + i, n - i);
+    if (keep) StoreF32N(df, e, exps + i, n - i);
     vsum0 = hn::Add(vsum0, hn::IfThenElseZero(hn::FirstN(df, n - i), e));
   }
   const float sum = hn::ReduceSum(df, hn::Add(vsum0, vsum1));
@@ -98,18 +99,10 @@ HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, floa
     const auto vlog = hn::Set(df, std::log(sum));
     for (; i + lanes <= n; i += lanes) StoreF32(df, hn::Sub(scaled(LoadF32(df, x + i)), vlog), out + i);
     if (i < n) StoreF32N(df, hn::Sub(scaled(LoadF32N(df, x + i, n - i)), vlog), out + i, n - i);
-  } else if (keep) {
-    const auto vinv = hn::Set(df, 1.0f / sum);
-    for (; i + lanes <= n; i += lanes) StoreF32(df, hn::Mul(LoadF32(df, out + i), vinv), out + i);
-    if (i < n) StoreF32N(df, hn::Mul(LoadF32N(df, out + i, n - i), vinv), out + i, n - i);
   } else {
     const auto vinv = hn::Set(df, 1.0f / sum);
-    for (; i + lanes <= n; i += lanes) {
-      StoreF32(df, hn::Mul(hn::Exp(df, scaled(LoadF32(df, x + i))), vinv), out + i);
-    }
-    if (i < n) {
-      StoreF32N(df, hn::Mul(hn::Exp(df, scaled(LoadF32N(df, x + i, n - i))), vinv), out + i, n - i);
-    }
+    for (; i + lanes <= n; i += lanes) StoreF32(df, hn::Mul(LoadF32(df, exps + i), vinv), out + i);
+    if (i < n) StoreF32N(df, hn::Mul(LoadF32N(df, exps + i, n - i), vinv), out + i, n - i);
   }
 }
 
@@ -118,8 +111,22 @@ HWY_INLINE void Row(T* HWY_RESTRICT out, const T* HWY_RESTRICT x, size_t n, floa
 template <typename T>
 void Rows(T* out, const T* x, int64_t rows, int64_t vocab, int64_t x_stride, float inv_temp,
           bool log) {
+  // 16-bit softmax outputs: a row of float32 exps (one exp per element instead of two: 1.4-1.8x
+  // on one thread, RESULTS.md), this thread's own and kept between calls up to 4 MiB.
+  constexpr size_t kKeptFloats = size_t{1} << 20;
+  std::vector<float> once;
+  float* scratch = nullptr;
+  if constexpr (!std::is_same_v<T, float>) {
+    static thread_local std::vector<float> kept;
+    if (!log) {
+      const size_t n = static_cast<size_t>(vocab);
+      std::vector<float>& exps = n <= kKeptFloats ? kept : once;
+      if (exps.size() < n) exps.resize(n);
+      scratch = exps.data();
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
-    Row(out + r * vocab, x + r * x_stride, static_cast<size_t>(vocab), inv_temp, log);
+    Row(out + r * vocab, x + r * x_stride, static_cast<size_t>(vocab), inv_temp, log, scratch);
   }
 }
 

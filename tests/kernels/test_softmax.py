@@ -68,6 +68,17 @@ def test_softmax_writes_every_element_cpu(dtype):
     check(out, ref_log_softmax(x), dtype, LOG_TOL)
 
 
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_softmax_row_lengths_in_turn_cpu(dtype):
+    # 16-bit outputs keep a row of float32 exps in a per-thread buffer between calls: rows that
+    # grow, shrink and pass the kept size (2^20 elements: a buffer for that call alone) in turn.
+    for i, vocab in enumerate((4099, 17, 150001, 3, (1 << 20) + 5, 1000)):
+        x = make_logits((2, vocab), dtype, seed=40 + i)
+        out = torch.full_like(x, float("nan"))
+        _modules["cpu"].softmax(out, x, 1.0, 2)
+        check(out, ref_softmax(x), dtype, TOL)
+
+
 def test_softmax_stable_for_large_and_masked_logits_cpu():
     x = make_logits((4, 517), torch.float32, seed=3, scale=1000.0)  # exp would overflow unshifted
     x[1, ::3] = float("-inf")  # masked tokens
