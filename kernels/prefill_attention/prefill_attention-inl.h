@@ -41,10 +41,16 @@ struct Problem {
   mllm_kernel::prefill_attention::PrefillArgs args;
 };
 
-// Scratch floats per worker: q, o [rows, D], m, l, alpha [rows], logits [rows, kChunk], K, V [kChunk, D].
+inline constexpr size_t kRowAlign = 32;  // rows are padded to whole pairs of the widest vectors (2 x 16 lanes)
+
+/*! \brief rows padded to kRowAlign. */
+inline constexpr size_t PaddedRows(size_t rows) { return (rows + kRowAlign - 1) / kRowAlign * kRowAlign; }
+
+// Scratch floats per worker, at most rp = PaddedRows(kQueryBlock * group) rows: q transposed
+// [D, rp], o [rp, D], m, l, alpha, positions [rp], logits [kChunk, rp], K, V [kChunk, D].
 inline constexpr size_t ScratchFloats(size_t group, size_t head_dim) {
-  const size_t rows = static_cast<size_t>(kQueryBlock) * group;
-  return 2 * rows * head_dim + 3 * rows + rows * kChunk + 2 * kChunk * head_dim;
+  const size_t rp = PaddedRows(static_cast<size_t>(kQueryBlock) * group);
+  return 2 * rp * head_dim + 4 * rp + rp * kChunk + 2 * kChunk * head_dim;
 }
 
 }  // namespace mllm_kernel::cpu::prefill_attention_detail
@@ -72,104 +78,75 @@ using mllm_kernel::cpu::prefill_attention_detail::RequestRows;
 // At most 16 float lanes: every head_dim (64, 128, 256) and kChunk is a multiple of Lanes().
 using DF = hn::CappedTag<float, 16>;
 using VF = hn::Vec<DF>;
+using DI = hn::RebindToSigned<DF>;  // row positions, lane for lane with the logits
 
-// s[r * kChunk + t] = dot(q_r, k_t) for `rows` rows of q (d apart) and the chunk's n keys (rows
-// of k, d apart). Register tiles of 4 rows x 2 keys: 8 independent FMA chains and 6 loads per 8
-// FMAs, one horizontal sum per dot product. (Tiles are named variables, not arrays: SVE/RVV
-// vectors cannot be array elements.)
-HWY_INLINE void Logits4x2(const float* HWY_RESTRICT q, const float* HWY_RESTRICT k, size_t d, float* HWY_RESTRICT s) {
+// The logits of a chunk, transposed: s[t * rp + r] = dot(q_r, k_t) for the chunk's kChunk keys
+// (rows of k, d apart; rows past the chunk's keys are zeros) and rp rows, whose queries are
+// columns of qt [d, rp] (rp a multiple of 2 N). Lanes run over rows, so a dot product needs no
+// horizontal sum: tiles of 4 keys x 2 row vectors, each step 2 loads of qt and 4 broadcast keys
+// for 8 FMAs.
+HWY_INLINE void LogitsT(const float* HWY_RESTRICT qt, size_t rp, const float* HWY_RESTRICT k, size_t d,
+                        float* HWY_RESTRICT s) {
   const DF df;
   const size_t N = hn::Lanes(df);
-  VF a00 = hn::Zero(df), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-  for (size_t i = 0; i < d; i += N) {
-    const VF k0 = hn::LoadU(df, k + i), k1 = hn::LoadU(df, k + d + i);
-    const VF q0 = hn::LoadU(df, q + i), q1 = hn::LoadU(df, q + d + i);
-    const VF q2 = hn::LoadU(df, q + 2 * d + i), q3 = hn::LoadU(df, q + 3 * d + i);
-    a00 = hn::MulAdd(q0, k0, a00);
-    a01 = hn::MulAdd(q0, k1, a01);
-    a10 = hn::MulAdd(q1, k0, a10);
-    a11 = hn::MulAdd(q1, k1, a11);
-    a20 = hn::MulAdd(q2, k0, a20);
-    a21 = hn::MulAdd(q2, k1, a21);
-    a30 = hn::MulAdd(q3, k0, a30);
-    a31 = hn::MulAdd(q3, k1, a31);
-  }
-  s[0] = hn::ReduceSum(df, a00);
-  s[1] = hn::ReduceSum(df, a01);
-  s[kChunk] = hn::ReduceSum(df, a10);
-  s[kChunk + 1] = hn::ReduceSum(df, a11);
-  s[2 * kChunk] = hn::ReduceSum(df, a20);
-  s[2 * kChunk + 1] = hn::ReduceSum(df, a21);
-  s[3 * kChunk] = hn::ReduceSum(df, a30);
-  s[3 * kChunk + 1] = hn::ReduceSum(df, a31);
-}
-
-// One row against up to `n` keys, two at a time (two FMA chains).
-HWY_INLINE void LogitsRow(const float* HWY_RESTRICT q, const float* HWY_RESTRICT k, size_t n, size_t d,
-                          float* HWY_RESTRICT s) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  size_t t = 0;
-  for (; t + 2 <= n; t += 2) {
-    VF a0 = hn::Zero(df), a1 = a0;
-    for (size_t i = 0; i < d; i += N) {
-      const VF qv = hn::LoadU(df, q + i);
-      a0 = hn::MulAdd(qv, hn::LoadU(df, k + t * d + i), a0);
-      a1 = hn::MulAdd(qv, hn::LoadU(df, k + (t + 1) * d + i), a1);
-    }
-    s[t] = hn::ReduceSum(df, a0);
-    s[t + 1] = hn::ReduceSum(df, a1);
-  }
-  if (t < n) {
-    VF a = hn::Zero(df);
-    for (size_t i = 0; i < d; i += N) a = hn::MulAdd(hn::LoadU(df, q + i), hn::LoadU(df, k + t * d + i), a);
-    s[t] = hn::ReduceSum(df, a);
-  }
-}
-
-HWY_INLINE void Logits(const float* HWY_RESTRICT q, size_t rows, const float* HWY_RESTRICT k, size_t n, size_t d,
-                       float* HWY_RESTRICT s) {
-  size_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    size_t t = 0;
-    for (; t + 2 <= n; t += 2) Logits4x2(q + r * d, k + t * d, d, s + r * kChunk + t);
-    if (t < n) {
-      for (size_t rr = r; rr < r + 4; ++rr) LogitsRow(q + rr * d, k + t * d, n - t, d, s + rr * kChunk + t);
+  for (size_t t = 0; t < kChunk; t += 4) {
+    const float* k0 = k + t * d;
+    for (size_t r = 0; r < rp; r += 2 * N) {
+      VF a00 = hn::Zero(df), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+      for (size_t i = 0; i < d; ++i) {
+        const VF q0 = hn::LoadU(df, qt + i * rp + r), q1 = hn::LoadU(df, qt + i * rp + r + N);
+        const VF b0 = hn::Set(df, k0[i]), b1 = hn::Set(df, k0[d + i]);
+        const VF b2 = hn::Set(df, k0[2 * d + i]), b3 = hn::Set(df, k0[3 * d + i]);
+        a00 = hn::MulAdd(b0, q0, a00);
+        a01 = hn::MulAdd(b0, q1, a01);
+        a10 = hn::MulAdd(b1, q0, a10);
+        a11 = hn::MulAdd(b1, q1, a11);
+        a20 = hn::MulAdd(b2, q0, a20);
+        a21 = hn::MulAdd(b2, q1, a21);
+        a30 = hn::MulAdd(b3, q0, a30);
+        a31 = hn::MulAdd(b3, q1, a31);
+      }
+      float* st = s + t * rp + r;
+      hn::StoreU(a00, df, st);
+      hn::StoreU(a01, df, st + N);
+      hn::StoreU(a10, df, st + rp);
+      hn::StoreU(a11, df, st + rp + N);
+      hn::StoreU(a20, df, st + 2 * rp);
+      hn::StoreU(a21, df, st + 2 * rp + N);
+      hn::StoreU(a30, df, st + 3 * rp);
+      hn::StoreU(a31, df, st + 3 * rp + N);
     }
   }
-  for (; r < rows; ++r) LogitsRow(q + r * d, k, n, d, s + r * kChunk);
 }
 
-// The online-softmax step of one row over kChunk logits (-inf where masked or past the keys),
-// overwritten with p = exp(s - m_new); returns alpha = exp(m_old - m_new), which rescales what o
-// and l hold. A NaN logit stays NaN (hn::Exp would map it to 0).
-HWY_INLINE float SoftmaxStep(float* HWY_RESTRICT s, float& m, float& l) {
+// The online-softmax step of rows [r, r + N) over the chunk's kChunk logits (-inf where masked or
+// past the keys; s transposed, rows rp apart), overwritten with p = exp(s - m_new); returns
+// alpha = exp(m_old - m_new), which rescales what o and l hold. A NaN logit stays NaN (hn::Exp
+// would map it to 0).
+HWY_INLINE VF SoftmaxStepT(float* HWY_RESTRICT s, size_t rp, float* HWY_RESTRICT m, float* HWY_RESTRICT l) {
   const DF df;
-  const size_t N = hn::Lanes(df);
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  VF vmax = hn::Set(df, kNegInf);
-  for (size_t t = 0; t < kChunk; t += N) vmax = hn::Max(vmax, hn::LoadU(df, s + t));
-  const float chunk_max = hn::ReduceMax(df, vmax);
-  const float m_new = m < chunk_max ? chunk_max : m;
-  const float ref = m_new == kNegInf ? 0.0f : m_new;  // no key yet: subtract 0, not -inf
-  const float alpha = std::exp(m - ref);
-  const VF vref = hn::Set(df, ref);
+  const VF neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
+  VF vmax = hn::LoadU(df, m);
+  const VF m_old = vmax;
+  for (size_t t = 0; t < kChunk; ++t) vmax = hn::Max(vmax, hn::LoadU(df, s + t * rp));
+  const VF ref = hn::IfThenZeroElse(hn::Eq(vmax, neg_inf), vmax);  // no key yet: subtract 0, not -inf
+  const VF alpha = hn::Exp(df, hn::Sub(m_old, ref));
   VF vsum = hn::Zero(df);
-  for (size_t t = 0; t < kChunk; t += N) {
-    const VF x = hn::Sub(hn::LoadU(df, s + t), vref);
+  for (size_t t = 0; t < kChunk; ++t) {
+    const VF x = hn::Sub(hn::LoadU(df, s + t * rp), ref);
     const VF p = hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(df, x));
-    hn::StoreU(p, df, s + t);
+    hn::StoreU(p, df, s + t * rp);
     vsum = hn::Add(vsum, p);
   }
-  l = l * alpha + hn::ReduceSum(df, vsum);
-  m = m_new;
+  hn::StoreU(hn::MulAdd(hn::LoadU(df, l), alpha, vsum), df, l);
+  hn::StoreU(vmax, df, m);
   return alpha;
 }
 
-// o_r = o_r * alpha_r + sum_{t < n} p[r * kChunk + t] v_t for 4 rows of o (d apart), 2 vectors
+// o_r = o_r * alpha_r + sum_{t < n} p[t * rp + r] v_t for 4 rows of o (d apart), 2 vectors
 // of d per pass: 8 accumulators share each V load.
 HWY_INLINE void Accumulate4(float* HWY_RESTRICT o, const float* HWY_RESTRICT alpha, const float* HWY_RESTRICT p,
-                            const float* HWY_RESTRICT v, size_t n, size_t d) {
+                            size_t rp, const float* HWY_RESTRICT v, size_t n, size_t d) {
   const DF df;
   const size_t N = hn::Lanes(df);
   const VF w0 = hn::Set(df, alpha[0]), w1 = hn::Set(df, alpha[1]), w2 = hn::Set(df, alpha[2]), w3 = hn::Set(df, alpha[3]);
@@ -179,9 +156,10 @@ HWY_INLINE void Accumulate4(float* HWY_RESTRICT o, const float* HWY_RESTRICT alp
     VF a2 = hn::Mul(hn::LoadU(df, o + 2 * d + i), w2), b2 = hn::Mul(hn::LoadU(df, o + 2 * d + i + N), w2);
     VF a3 = hn::Mul(hn::LoadU(df, o + 3 * d + i), w3), b3 = hn::Mul(hn::LoadU(df, o + 3 * d + i + N), w3);
     for (size_t t = 0; t < n; ++t) {
+      const float* pt = p + t * rp;
       const VF v0 = hn::LoadU(df, v + t * d + i), v1 = hn::LoadU(df, v + t * d + i + N);
-      const VF p0 = hn::Set(df, p[t]), p1 = hn::Set(df, p[kChunk + t]);
-      const VF p2 = hn::Set(df, p[2 * kChunk + t]), p3 = hn::Set(df, p[3 * kChunk + t]);
+      const VF p0 = hn::Set(df, pt[0]), p1 = hn::Set(df, pt[1]);
+      const VF p2 = hn::Set(df, pt[2]), p3 = hn::Set(df, pt[3]);
       a0 = hn::MulAdd(p0, v0, a0);
       b0 = hn::MulAdd(p0, v1, b0);
       a1 = hn::MulAdd(p1, v0, a1);
@@ -203,7 +181,7 @@ HWY_INLINE void Accumulate4(float* HWY_RESTRICT o, const float* HWY_RESTRICT alp
 }
 
 // The same for one row.
-HWY_INLINE void Accumulate1(float* HWY_RESTRICT o, float alpha, const float* HWY_RESTRICT p,
+HWY_INLINE void Accumulate1(float* HWY_RESTRICT o, float alpha, const float* HWY_RESTRICT p, size_t rp,
                             const float* HWY_RESTRICT v, size_t n, size_t d) {
   const DF df;
   const size_t N = hn::Lanes(df);
@@ -211,7 +189,7 @@ HWY_INLINE void Accumulate1(float* HWY_RESTRICT o, float alpha, const float* HWY
   for (size_t i = 0; i < d; i += 2 * N) {
     VF a = hn::Mul(hn::LoadU(df, o + i), w), b = hn::Mul(hn::LoadU(df, o + i + N), w);
     for (size_t t = 0; t < n; ++t) {
-      const VF pv = hn::Set(df, p[t]);
+      const VF pv = hn::Set(df, p[t * rp]);
       a = hn::MulAdd(pv, hn::LoadU(df, v + t * d + i), a);
       b = hn::MulAdd(pv, hn::LoadU(df, v + t * d + i + N), b);
     }
@@ -221,10 +199,10 @@ HWY_INLINE void Accumulate1(float* HWY_RESTRICT o, float alpha, const float* HWY
 }
 
 HWY_INLINE void Accumulate(float* HWY_RESTRICT o, size_t rows, const float* HWY_RESTRICT alpha,
-                           const float* HWY_RESTRICT p, const float* HWY_RESTRICT v, size_t n, size_t d) {
+                           const float* HWY_RESTRICT p, size_t rp, const float* HWY_RESTRICT v, size_t n, size_t d) {
   size_t r = 0;
-  for (; r + 4 <= rows; r += 4) Accumulate4(o + r * d, alpha + r, p + r * kChunk, v, n, d);
-  for (; r < rows; ++r) Accumulate1(o + r * d, alpha[r], p + r * kChunk, v, n, d);
+  for (; r + 4 <= rows; r += 4) Accumulate4(o + r * d, alpha + r, p + r, rp, v, n, d);
+  for (; r < rows; ++r) Accumulate1(o + r * d, alpha[r], p + r, rp, v, n, d);
 }
 
 // Work item `item` = (request b, kv head, query block); the caller validated every index.
@@ -240,29 +218,37 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
   const auto group = static_cast<size_t>(a.group());
   const int64_t queries = rq.len_q - j0 < kQueryBlock ? rq.len_q - j0 : kQueryBlock;
   const size_t rows = static_cast<size_t>(queries) * group;  // row r: query j0 + r / G, head kvh G + r % G
-  const int64_t shift = rq.len_k - rq.len_q;                   // query j sits at position j + shift
   const bool upper = (a.causal && pr.mask == nullptr) || a.window > 0;
 
-  float* qf = scratch;              // [rows, d] queries, float32, scale (/ cap) folded in
-  float* o = qf + rows * d;         // [rows, d] unnormalized outputs
-  float* m = o + rows * d;          // [rows] running max
-  float* l = m + rows;              // [rows] running sum
-  float* s = l + rows;              // [rows, kChunk] logits, then probabilities
-  float* kf = s + rows * kChunk;    // [kChunk, d] the chunk's keys
+  const size_t rp = mllm_kernel::cpu::prefill_attention_detail::PaddedRows(rows);
+  float* qt = scratch;              // [d, rp] queries, float32, scale (/ cap) folded in, transposed
+  float* o = qt + d * rp;           // [rp, d] unnormalized outputs
+  float* m = o + rp * d;            // [rp] running max
+  float* l = m + rp;                // [rp] running sum
+  float* alpha = l + rp;            // [rp] this chunk's rescale factors
+  int32_t* pos = reinterpret_cast<int32_t*>(alpha + rp);  // [rp] each row's position among the keys
+  float* s = alpha + 2 * rp;        // [kChunk, rp] logits, then probabilities (transposed)
+  float* kf = s + kChunk * rp;      // [kChunk, d] the chunk's keys
   float* vf = kf + kChunk * d;      // [kChunk, d] and values
-  float* alpha = vf + kChunk * d;   // [rows] this chunk's rescale factors
 
   const float cap = a.soft_cap;
-  const VF vscale = hn::Set(df, cap > 0.0f ? a.scale / cap : a.scale);
-  for (size_t r = 0; r < rows; ++r) {
-    const int64_t token = rq.q_start + j0 + static_cast<int64_t>(r / group);
-    const T* src = q + token * a.q_stride + (kvh * static_cast<int64_t>(group) + static_cast<int64_t>(r % group)) * a.head_dim;
-    for (size_t i = 0; i < d; i += N) {
-      hn::StoreU(hn::Mul(LoadF32(df, src + i), vscale), df, qf + r * d + i);
-      hn::StoreU(hn::Zero(df), df, o + r * d + i);
+  const float qscale = cap > 0.0f ? a.scale / cap : a.scale;
+  const int64_t shift = rq.len_k - rq.len_q;  // query j sits at position j + shift
+  const VF vscale = hn::Set(df, qscale);
+  for (size_t r = 0; r < rp; ++r) {  // padded rows: zero queries, never stored
+    float* row = o + r * d;          // the row's float32 query on its way into qt, then its o
+    if (r < rows) {
+      const int64_t token = rq.q_start + j0 + static_cast<int64_t>(r / group);
+      const T* src = q + token * a.q_stride + (kvh * static_cast<int64_t>(group) + static_cast<int64_t>(r % group)) * a.head_dim;
+      for (size_t i = 0; i < d; i += N) hn::StoreU(hn::Mul(LoadF32(df, src + i), vscale), df, row + i);
+      for (size_t i = 0; i < d; ++i) qt[i * rp + r] = row[i];
+    } else {
+      for (size_t i = 0; i < d; ++i) qt[i * rp + r] = 0.0f;
     }
+    for (size_t i = 0; i < d; i += N) hn::StoreU(hn::Zero(df), df, row + i);
     m[r] = kNegInf;
     l[r] = 0.0f;
+    pos[r] = static_cast<int32_t>(j0 + static_cast<int64_t>((r < rows ? r : rows - 1) / group) + shift);
   }
 
   // Keys any row of the block can see: [lo, hi).
@@ -271,9 +257,20 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
   if (upper) hi = pos_last + 1 < hi ? pos_last + 1 : hi;
   if (a.window > 0 && pos_first - a.window + 1 > lo) lo = pos_first - a.window + 1;
   const int64_t row_elems = a.num_kv_heads * a.head_dim;  // a token's row (paged, in a block)
+  const DI di;
+  const VF neg_inf = hn::Set(df, kNegInf);
+  // Keys (int32 by the contract) and positions fit int32; a window wider than every key keeps all.
+  const auto vwindow = hn::Set(di, static_cast<int32_t>(a.window < rq.len_k + 1 ? a.window : rq.len_k + 1));
   for (int64_t c0 = lo; c0 < hi; c0 += static_cast<int64_t>(kChunk)) {
     const size_t n = static_cast<size_t>(hi - c0 < static_cast<int64_t>(kChunk) ? hi - c0 : kChunk);
-    for (size_t t = 0; t < n; ++t) {  // the chunk's K and V rows as float32
+    for (size_t t = 0; t < kChunk; ++t) {  // the chunk's K and V rows as float32 (zeros past n)
+      if (t >= n) {
+        for (size_t i = 0; i < d; i += N) {
+          hn::StoreU(hn::Zero(df), df, kf + t * d + i);
+          hn::StoreU(hn::Zero(df), df, vf + t * d + i);
+        }
+        continue;
+      }
       const int64_t key = c0 + static_cast<int64_t>(t);
       const T *krow, *vrow;
       if (rq.table != nullptr) {
@@ -290,30 +287,43 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
         hn::StoreU(LoadF32(df, vrow + i), df, vf + t * d + i);
       }
     }
-    Logits(qf, rows, kf, n, d, s);
-    for (size_t r = 0; r < rows; ++r) {
-      float* sr = s + r * kChunk;
-      const int64_t j = j0 + static_cast<int64_t>(r / group), pos = j + shift;
-      const int64_t last = c0 + static_cast<int64_t>(kChunk) - 1;
-      // A chunk whose keys all pass this row's rules needs no per-key test.
-      const bool whole = n == kChunk && pr.mask == nullptr && (!upper || last <= pos) &&
-                         (a.window <= 0 || c0 > pos - a.window);
-      if (cap > 0.0f) {  // before the masks: cap * tanh(-inf) would be -cap
-        for (size_t t = 0; t < n; ++t) sr[t] = cap * std::tanh(sr[t]);
+    LogitsT(qt, rp, kf, d, s);
+    if (cap > 0.0f) {  // before the masks: cap * tanh(-inf) would be -cap
+      for (size_t t = 0; t < n; ++t) {
+        for (size_t r = 0; r < rows; ++r) s[t * rp + r] = cap * std::tanh(s[t * rp + r]);
       }
-      if (!whole) {
-        for (size_t t = 0; t < kChunk; ++t) {
-          const int64_t key = c0 + static_cast<int64_t>(t);
-          bool keep = t < n;
-          if (keep && pr.mask != nullptr) keep = pr.mask[rq.mask_offset + j * rq.len_k + key] != 0;
-          if (keep && upper) keep = key <= pos;
-          if (keep && a.window > 0) keep = key > pos - a.window;
-          if (!keep) sr[t] = kNegInf;
+    }
+    // Masks: keys past n; the causal and window rules by row position (vectors); a custom mask
+    // per element. A chunk whose keys all pass every row's rules needs no test.
+    const int64_t last = c0 + static_cast<int64_t>(kChunk) - 1;
+    const bool whole = n == kChunk && pr.mask == nullptr && (!upper || last <= pos_first) &&
+                       (a.window <= 0 || c0 > pos_last - a.window);
+    if (!whole) {
+      for (size_t t = 0; t < kChunk; ++t) {
+        const int64_t key = c0 + static_cast<int64_t>(t);
+        float* st = s + t * rp;
+        if (t >= n) {
+          for (size_t r = 0; r < rp; r += N) hn::StoreU(neg_inf, df, st + r);
+          continue;
+        }
+        const auto vkey = hn::Set(di, static_cast<int32_t>(key));
+        for (size_t r = 0; r < rp; r += N) {
+          const auto vpos = hn::LoadU(di, pos + r);
+          auto keep = hn::FirstN(df, N);
+          if (upper) keep = hn::RebindMask(df, hn::Ge(vpos, vkey));  // key <= pos
+          if (a.window > 0) keep = hn::And(keep, hn::RebindMask(df, hn::Gt(vkey, hn::Sub(vpos, vwindow))));
+          hn::StoreU(hn::IfThenElse(keep, hn::LoadU(df, st + r), neg_inf), df, st + r);
+        }
+        if (pr.mask != nullptr) {
+          for (size_t r = 0; r < rows; ++r) {
+            const int64_t j = j0 + static_cast<int64_t>(r / group);
+            if (pr.mask[rq.mask_offset + j * rq.len_k + key] == 0) st[r] = kNegInf;
+          }
         }
       }
-      alpha[r] = SoftmaxStep(sr, m[r], l[r]);
     }
-    Accumulate(o, rows, alpha, s, vf, n, d);
+    for (size_t r = 0; r < rp; r += N) hn::StoreU(SoftmaxStepT(s + r, rp, m + r, l + r), df, alpha + r);
+    Accumulate(o, rows, alpha, s, rp, vf, n, d);
   }
 
   for (size_t r = 0; r < rows; ++r) {
