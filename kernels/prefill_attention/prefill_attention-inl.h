@@ -7,9 +7,10 @@
  * One work item is (request, kv head, block of up to kQueryBlock queries): its rows are the
  * block's queries times the kv head's G query heads. The item walks the keys any of its rows can
  * see in chunks of kChunk: each chunk's K and V rows are converted to float32 once and serve
- * every row (a K/V row comes from memory once per item, not once per query and head); per row,
- * the logits, the per-key masks, an online-softmax step (running max m, sum l) and the float32
- * accumulator o [D] update.
+ * every row (a K/V row comes from memory once per item, not once per query and head). The
+ * queries are held transposed, so the chunk's logits come out as [key, row] with vector lanes
+ * over rows: no horizontal sums, and the masks and the online-softmax step (running max m,
+ * sum l) take a vector of rows at a time. Then each row's float32 accumulator o [D] updates.
  */
 #include <atomic>
 #include <cmath>
