@@ -81,6 +81,22 @@ using DF = hn::CappedTag<float, 16>;
 using VF = hn::Vec<DF>;
 using DI = hn::RebindToSigned<DF>;  // row positions, lane for lane with the logits
 
+// The 4 x 2 register tile of both products: c_j0 += a_j x0, c_j1 += a_j x1 for 4 scalars a_j
+// (broadcast) and 2 vectors. (Tiles are named variables, not arrays: SVE/RVV vectors cannot be
+// array elements.)
+HWY_INLINE void Tile4x2(DF df, float a0, float a1, float a2, float a3, VF x0, VF x1, VF& c00, VF& c01, VF& c10,
+                        VF& c11, VF& c20, VF& c21, VF& c30, VF& c31) {
+  const VF b0 = hn::Set(df, a0), b1 = hn::Set(df, a1), b2 = hn::Set(df, a2), b3 = hn::Set(df, a3);
+  c00 = hn::MulAdd(b0, x0, c00);
+  c01 = hn::MulAdd(b0, x1, c01);
+  c10 = hn::MulAdd(b1, x0, c10);
+  c11 = hn::MulAdd(b1, x1, c11);
+  c20 = hn::MulAdd(b2, x0, c20);
+  c21 = hn::MulAdd(b2, x1, c21);
+  c30 = hn::MulAdd(b3, x0, c30);
+  c31 = hn::MulAdd(b3, x1, c31);
+}
+
 // The logits of a chunk, transposed: s[t * rp + r] = dot(q_r, k_t) for the chunk's kChunk keys
 // (rows of k, d apart; rows past the chunk's keys are zeros) and rp rows, whose queries are
 // columns of qt [d, rp] (rp a multiple of 2 N). Lanes run over rows, so a dot product needs no
@@ -96,16 +112,7 @@ HWY_INLINE void LogitsT(const float* HWY_RESTRICT qt, size_t rp, const float* HW
       VF a00 = hn::Zero(df), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
       for (size_t i = 0; i < d; ++i) {
         const VF q0 = hn::LoadU(df, qt + i * rp + r), q1 = hn::LoadU(df, qt + i * rp + r + N);
-        const VF b0 = hn::Set(df, k0[i]), b1 = hn::Set(df, k0[d + i]);
-        const VF b2 = hn::Set(df, k0[2 * d + i]), b3 = hn::Set(df, k0[3 * d + i]);
-        a00 = hn::MulAdd(b0, q0, a00);
-        a01 = hn::MulAdd(b0, q1, a01);
-        a10 = hn::MulAdd(b1, q0, a10);
-        a11 = hn::MulAdd(b1, q1, a11);
-        a20 = hn::MulAdd(b2, q0, a20);
-        a21 = hn::MulAdd(b2, q1, a21);
-        a30 = hn::MulAdd(b3, q0, a30);
-        a31 = hn::MulAdd(b3, q1, a31);
+        Tile4x2(df, k0[i], k0[d + i], k0[2 * d + i], k0[3 * d + i], q0, q1, a00, a01, a10, a11, a20, a21, a30, a31);
       }
       float* st = s + t * rp + r;
       hn::StoreU(a00, df, st);
@@ -159,16 +166,7 @@ HWY_INLINE void Accumulate4(float* HWY_RESTRICT o, const float* HWY_RESTRICT alp
     for (size_t t = 0; t < n; ++t) {
       const float* pt = p + t * rp;
       const VF v0 = hn::LoadU(df, v + t * d + i), v1 = hn::LoadU(df, v + t * d + i + N);
-      const VF p0 = hn::Set(df, pt[0]), p1 = hn::Set(df, pt[1]);
-      const VF p2 = hn::Set(df, pt[2]), p3 = hn::Set(df, pt[3]);
-      a0 = hn::MulAdd(p0, v0, a0);
-      b0 = hn::MulAdd(p0, v1, b0);
-      a1 = hn::MulAdd(p1, v0, a1);
-      b1 = hn::MulAdd(p1, v1, b1);
-      a2 = hn::MulAdd(p2, v0, a2);
-      b2 = hn::MulAdd(p2, v1, b2);
-      a3 = hn::MulAdd(p3, v0, a3);
-      b3 = hn::MulAdd(p3, v1, b3);
+      Tile4x2(df, pt[0], pt[1], pt[2], pt[3], v0, v1, a0, b0, a1, b1, a2, b2, a3, b3);
     }
     hn::StoreU(a0, df, o + i);
     hn::StoreU(b0, df, o + i + N);
