@@ -415,14 +415,13 @@ __device__ __forceinline__ uint64_t WarpSumSmall(uint64_t x) {
 
 /*!
  * \brief Inverse CDF over the row (the cluster's slices; this block's alone when kCluster is
- *        false) with weights w(x) (0 for dropped
- *        tokens): writes to *out the first index whose running sum exceeds floor(u * total),
- *        or 0 when every weight is 0. Warp j of a block owns a contiguous part of the slice,
- *        so index order is warp order, then block (rank) order. Over slices a lane takes a
- *        group of one 16-byte vector's elements at a time (one load where the slice is
- *        aligned): the warp that holds the crossing steps over 32 groups by their sum and
- *        scans only the step that crosses. With kCluster it arrives at a cluster barrier after its last read of a peer:
- *        the caller ends with cluster_wait().
+ *        false) with weights w(x) (0 for dropped tokens): writes to *out the first index whose
+ *        running sum exceeds floor(u * total), or 0 when every weight is 0. Warp j of a block
+ *        owns a contiguous part of the slice, so index order is warp order, then block (rank)
+ *        order. Over slices a lane takes a group of one 16-byte vector's elements at a time
+ *        (one load where the slice is aligned): the warp that holds the crossing steps over 32
+ *        groups by their sum and scans only the step that crosses. With kCluster it arrives at
+ *        a cluster barrier after its last read of a peer: the caller ends with cluster_wait().
  */
 template <bool kCluster, typename T, typename Source, typename WeightFn>
 __device__ __forceinline__ void SampleIndex(const Slice<T, Source>& s, float u, WeightFn&& w, int64_t* out,
