@@ -4,7 +4,7 @@
  * HWY_TARGET_INCLUDE, so <hwy/foreach_target.h> re-includes it once per SIMD target (a toggling
  * guard, not #pragma once).
  *
- * One work item is (request, kv head, block of up to kQueryBlock queries): its rows are the
+ * One work item is (request, kv head, block of up to QueriesPerItem queries): its rows are the
  * block's queries times the kv head's G query heads. The item walks the keys any of its rows can
  * see in chunks of kChunk: each chunk's K and V rows are converted to float32 once and serve
  * every row (a K/V row comes from memory once per item, not once per query and head). The
@@ -24,7 +24,11 @@
 #define MLLM_KERNEL_PREFILL_ATTENTION_ITEMS_
 namespace mllm_kernel::cpu::prefill_attention_detail {
 
-inline constexpr int64_t kQueryBlock = 16;  // queries per work item
+inline constexpr int64_t kQueryBlock = 16;  // queries per work item at an even group size
+
+/*! \brief Queries per work item: whole pairs of 16-lane vectors of rows (queries x group), so
+ *  that an odd group (MHA's 1) pads no rows: kQueryBlock, doubled for odd groups. */
+inline constexpr int64_t QueriesPerItem(size_t group) { return group % 2 == 0 ? kQueryBlock : 2 * kQueryBlock; }
 inline constexpr size_t kChunk = 16;       // keys per online-softmax step
 
 /*! \brief One request's clamped-free (validated) geometry and where its keys live. */
@@ -47,10 +51,10 @@ inline constexpr size_t kRowAlign = 32;  // rows are padded to whole pairs of th
 /*! \brief rows padded to kRowAlign. */
 inline constexpr size_t PaddedRows(size_t rows) { return (rows + kRowAlign - 1) / kRowAlign * kRowAlign; }
 
-// Scratch floats per worker, at most rp = PaddedRows(kQueryBlock * group) rows: q transposed
-// [D, rp], o [rp, D], m, l, alpha, positions [rp], logits [kChunk, rp], K, V [kChunk, D].
+// Scratch floats per worker, at most rp = PaddedRows(QueriesPerItem(group) * group) rows: q
+// transposed [D, rp], o [rp, D], m, l, alpha, positions [rp], logits [kChunk, rp], K, V [kChunk, D].
 inline constexpr size_t ScratchFloats(size_t group, size_t head_dim) {
-  const size_t rp = PaddedRows(static_cast<size_t>(kQueryBlock) * group);
+  const size_t rp = PaddedRows(static_cast<size_t>(QueriesPerItem(group)) * group);
   return 2 * rp * head_dim + 4 * rp + rp * kChunk + 2 * kChunk * head_dim;
 }
 
@@ -72,7 +76,7 @@ namespace mllm_kernel::cpu::HWY_NAMESPACE {
 namespace prefill_attention_detail {
 namespace hn = hwy::HWY_NAMESPACE;
 using mllm_kernel::cpu::prefill_attention_detail::kChunk;
-using mllm_kernel::cpu::prefill_attention_detail::kQueryBlock;
+using mllm_kernel::cpu::prefill_attention_detail::QueriesPerItem;
 using mllm_kernel::cpu::prefill_attention_detail::Problem;
 using mllm_kernel::cpu::prefill_attention_detail::RequestRows;
 
@@ -215,7 +219,8 @@ HWY_INLINE void AttendItem(T* HWY_RESTRICT out, float* HWY_RESTRICT lse, const T
   const RequestRows& rq = pr.requests[b];
   const auto d = static_cast<size_t>(a.head_dim);
   const auto group = static_cast<size_t>(a.group());
-  const int64_t queries = rq.len_q - j0 < kQueryBlock ? rq.len_q - j0 : kQueryBlock;
+  const int64_t per_item = QueriesPerItem(group);
+  const int64_t queries = rq.len_q - j0 < per_item ? rq.len_q - j0 : per_item;
   const size_t rows = static_cast<size_t>(queries) * group;  // row r: query j0 + r / G, head kvh G + r % G
   const bool upper = (a.causal && pr.mask == nullptr) || a.window > 0;
 

@@ -47,9 +47,10 @@ inline void CheckPrefixSums(const char* op, const char* name, const int32_t* cu,
 template <typename T>
 void Run(const Problem& pr, T* out, float* lse, const T* q, const T* k, const T* v, int64_t num_threads) {
   const PrefillArgs& a = pr.args;
-  std::vector<int64_t> blocks;  // request << 32 | first query of a block of kQueryBlock
+  std::vector<int64_t> blocks;  // request << 32 | first query of a block of QueriesPerItem
+  const int64_t per_item = QueriesPerItem(static_cast<size_t>(a.group()));
   for (int64_t b = 0; b < a.batch; ++b) {
-    for (int64_t j = 0; j < pr.requests[b].len_q; j += kQueryBlock) blocks.push_back(b << 32 | j);
+    for (int64_t j = 0; j < pr.requests[b].len_q; j += per_item) blocks.push_back(b << 32 | j);
   }
   const int64_t num_items = static_cast<int64_t>(blocks.size()) * a.num_kv_heads;
   if (num_items == 0) return;
