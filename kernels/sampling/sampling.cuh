@@ -103,6 +103,17 @@ __device__ __forceinline__ Slice<T> LoadSlice(const T* row, int64_t vocab, int64
   return {in_smem ? copy : src, begin, n};
 }
 
+// *dst = the 16 bytes at shared-memory address `address`: a shared load (`ld.shared`), where a
+// generic load through the slice's pointer costs more.
+template <typename V>
+__device__ __forceinline__ void LoadShared16(V* dst, uint32_t address) {
+  static_assert(sizeof(V) == 16, "one 16-byte vector");
+  uint4& raw = *reinterpret_cast<uint4*>(dst);
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+               : "r"(address));
+}
+
 // Calls f(value as float) for every element of the slice, in no particular order (for sums and
 // histograms). A slice of at least a vector per thread is read 16 bytes a load, its shared-memory
 // copy with shared loads (not generic ones); fewer elements (gathered candidates) one a thread,
@@ -122,10 +133,7 @@ __device__ __forceinline__ void ForEachValue(const Slice<T, Source>& s, Fn&& f) 
       const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(s.data));
       for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
         Vec a;
-        uint4& raw = *reinterpret_cast<uint4*>(&a);
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-                     : "r"(base + static_cast<uint32_t>(v) * 16u));
+        LoadShared16(&a, base + static_cast<uint32_t>(v) * 16u);
         each(a);
       }
     } else {
@@ -443,10 +451,7 @@ __device__ __forceinline__ void SampleIndex(const Slice<T, Source>& s, float u, 
       if (vectors && i + kGroup <= end) {
         AlignedVector<T, kGroup> a;
         if (shared) {
-          uint4& raw = *reinterpret_cast<uint4*>(&a);
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-                       : "r"(shared_base + static_cast<uint32_t>(i) * static_cast<uint32_t>(sizeof(T))));
+          LoadShared16(&a, shared_base + static_cast<uint32_t>(i) * static_cast<uint32_t>(sizeof(T)));
         } else {
           a.load(s.data + i);
         }
