@@ -964,14 +964,26 @@ __global__ void __launch_bounds__(1024, 1)
 // Shared memory a slice may take: two blocks' slices and scratch still fit an SM's shared memory.
 inline constexpr int64_t kSliceBytes = 96 * 1024;
 
+// Blocks of kNarrowThreads where a grid of more blocks than SMs has clusters of at least
+// kNarrowCluster and slices of at most narrow_max_slice_bytes (0: never): three such blocks fit
+// an SM's registers where two of 512 threads (64 registers) did, and clusters of 4 and 8 find
+// room sooner. min_p gains with any slice; the filters only where three slices fit an SM's
+// shared memory (RESULTS.md, "256-thread blocks for min_p and the filters").
+inline constexpr unsigned kNarrowThreads = 256, kNarrowCluster = 4;
+inline constexpr int64_t kThreeSlicesBytes = 72 * 1024;
+
 // The plan of kKernel: slices of whole 16-byte vectors, copied into shared memory when they fit
 // kSliceBytes (copy_slices); few_passes: see plan_row_cluster.
 template <auto kKernel>
 inline host::RowClusterPlan PlanRows(const sampling::SampleArgs& a, int64_t elem_bytes, bool copy_slices,
-                                     bool few_passes = false) {
+                                     bool few_passes = false, int64_t narrow_max_slice_bytes = 0) {
   host::RowClusterPlan plan = host::plan_row_cluster<kKernel>(a.batch, a.vocab, elem_bytes, device::kVecBytes,
                                                               kSliceBytes, copy_slices, a.device.device_id, few_passes);
   plan.fits = plan.fits && copy_slices;
+  if (plan.cluster >= kNarrowCluster && plan.slice * elem_bytes <= narrow_max_slice_bytes &&
+      a.batch * plan.cluster > host::MultiProcessorCount(a.device.device_id)) {
+    plan.threads = kNarrowThreads;
+  }
   return plan;
 }
 
@@ -998,7 +1010,7 @@ inline void LaunchFilter(const char* op, const char* in_name, const char* param_
     constexpr auto kernel = FilterKernel<T, kFilter>;
     // top_k_mask_logits: the top-k search's count passes, then the write (RESULTS.md, "clusters
     // of 16 for few-pass ops").
-    const auto plan = PlanRows<kernel>(a, sizeof(T), true, kFilter == Filter::kTopKMaskLogits);
+    const auto plan = PlanRows<kernel>(a, sizeof(T), true, kFilter == Filter::kTopKMaskLogits, kThreeSlicesBytes);
     const int64_t* top_k = nullptr;
     const float* top_p = nullptr;
     if constexpr (kFilter == Filter::kTopPRenormProbs) {
@@ -1054,7 +1066,7 @@ inline void min_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView probs,
   const auto a = mllm_kernel::sampling::VerifyMinPSample<kDLCUDA>(out, probs, uniforms, min_p);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
     constexpr auto kernel = sampling_detail::MinPKernel<T>;
-    const auto plan = sampling_detail::PlanRows<kernel>(a, sizeof(T), true);
+    const auto plan = sampling_detail::PlanRows<kernel>(a, sizeof(T), true, false, sampling_detail::kSliceBytes);
     sampling_detail::LaunchRows<kernel>(a, plan, data_ptr<int64_t>(out), data_ptr<const T>(probs),
                                 plan.fits, data_ptr<const float>(uniforms),
                                 data_ptr<const float>(min_p));

@@ -83,18 +83,30 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
   const float scale2 = inv_temp * (2.0f * kLog2e);  // see ExpShifted
   device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
   float run_max = -INFINITY, run_sum = 0.0f;
-  for (int64_t v = threadIdx.x; v < num_vecs; v += blockDim.x) {
-    Vec in;
-    in.load(x_row, v);
-    if constexpr (kCache) cache[v] = in;
-    float f[kVec];
-    float chunk_max = -INFINITY;
+  // kLoads vectors a thread are loaded before any is used: that many loads in flight (one at a
+  // time left a grid of many rows at 65% of copy bandwidth; RESULTS.md, "Softmax over clusters").
+  constexpr int kLoads = 4;
+  for (int64_t v0 = threadIdx.x; v0 < num_vecs; v0 += kLoads * blockDim.x) {
+    Vec in[kLoads];
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      f[k] = device::to_float(in[k]);
-      chunk_max = fmaxf(chunk_max, f[k]);
+    for (int j = 0; j < kLoads; ++j) {
+      const int64_t v = v0 + j * blockDim.x;
+      if (v < num_vecs) in[j].load(x_row, v);
     }
-    OnlineUpdate(run_max, run_sum, chunk_max, f, kVec, scale2);
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int64_t v = v0 + j * blockDim.x;
+      if (v >= num_vecs) break;
+      if constexpr (kCache) cache[v] = in[j];
+      float f[kVec];
+      float chunk_max = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        f[k] = device::to_float(in[j][k]);
+        chunk_max = fmaxf(chunk_max, f[k]);
+      }
+      OnlineUpdate(run_max, run_sum, chunk_max, f, kVec, scale2);
+    }
   }
   float row_max = device::block_reduce_max(run_max);  // of x; inv_temp > 0
   const float part = (run_max == -INFINITY) ? 0.0f : run_sum * ExpShifted(run_max, 0.5f * row_max, scale2);
@@ -183,18 +195,28 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
   device::pdl_launch_dependents();
 }
 
+// Shared memory a slice may take once the grid has more blocks than SMs: three blocks then share
+// an SM, so one block's loads overlap another's reductions and writes. A grid of one wave keeps
+// the largest slices (fewer blocks a row: cheaper cluster reductions).
+inline constexpr int64_t kWideGridSliceBytes = 96 * 1024;
+
 template <typename T, int kVec, bool kLog>
 void LaunchTyped(DLDevice dev, T* out, const T* x, int64_t rows, int64_t vocab, int64_t stride,
                  float inv_temp) {
   host::RuntimeCheck(rows <= 0x7fffffff, "softmax: too many rows (", rows, ") for one grid");
   // Leave room for the reductions' static shared memory (<= 1 KiB).
-  const int64_t budget = host::MaxSharedMemoryPerBlock(dev.device_id) - 1024;
+  const int64_t max_slice_bytes = host::MaxSharedMemoryPerBlock(dev.device_id) - 1024;
   constexpr auto kCopied = SoftmaxKernel<T, kVec, true, kLog>;  // slices copied to shared memory
-  const host::RowClusterPlan plan =
-      host::plan_row_cluster<kCopied>(rows, vocab, sizeof(T), kVec, budget, true, dev.device_id);
-  if (plan.fits) host::AllowDynamicSmem<kCopied>(dev.device_id, budget);
-  // Enough threads for the slice, a multiple of 32 (block reductions), at most 1024.
-  const int threads = static_cast<int>(std::clamp<int64_t>(host::div_ceil(plan.slice / kVec, 32) * 32, 32, 1024));
+  auto plan_for = [&](int64_t slice_bytes) {
+    return host::plan_row_cluster<kCopied>(rows, vocab, sizeof(T), kVec, slice_bytes, true, dev.device_id);
+  };
+  host::RowClusterPlan plan = plan_for(max_slice_bytes);
+  if (rows * plan.cluster > host::MultiProcessorCount(dev.device_id)) {
+    // Only where the smaller slices are still copied (clusters of up to 16: sm_90).
+    if (const host::RowClusterPlan wide = plan_for(kWideGridSliceBytes); wide.fits) plan = wide;
+  }
+  if (plan.fits) host::AllowDynamicSmem<kCopied>(dev.device_id, max_slice_bytes);
+  const int threads = static_cast<int>(plan.threads);
   const dim3 grid(static_cast<unsigned>(rows) * plan.cluster);
   const size_t smem = plan.fits ? static_cast<size_t>(plan.slice) * sizeof(T) : 0;
   host::LaunchKernel(grid, dim3(threads), dev, smem)

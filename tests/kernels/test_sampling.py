@@ -447,10 +447,11 @@ def test_filters_public_api():
 @requires_cuda
 @pytest.mark.parametrize("op", FILTERS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch,vocab", [(6, 17), (6, 4099), (1, 151936), (2, 600_001), (300, 999)])
+@pytest.mark.parametrize("batch,vocab", [(6, 17), (6, 4099), (1, 151936), (2, 600_001), (300, 999), (40, 100_000)])
 def test_filters_cuda(op, batch, vocab, dtype):
     # Every launch plan: a row over 8 blocks, over 16 (600_001 16-bit values fit shared memory
-    # only so) or beyond shared memory (float32), one block per row.
+    # only so) or beyond shared memory (float32), one block per row, and more blocks than SMs in
+    # clusters of 4-8 (40 x 100_000: 256-thread blocks).
     x, params = filter_inputs(op, batch, vocab, dtype, seed=batch + vocab)
     rows = min(batch, 6)
     out = torch.full(x.shape, float("nan"), dtype=x.dtype, device="cuda")
@@ -567,11 +568,12 @@ def test_sampling_cuda_unaligned(dtype):
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
-@pytest.mark.parametrize("batch,vocab", [(1, 151936), (2, 600_001), (40, 32000), (300, 4099)])
+@pytest.mark.parametrize("batch,vocab", [(1, 151936), (2, 600_001), (40, 32000), (300, 4099), (40, 100_000)])
 def test_sampling_cuda_launch_plans(batch, vocab, dtype):
     # Rows split over 8 blocks (batch 1), over 16 (600_001 bfloat16), rows too long for shared
-    # memory (600_001 float32: read from global memory each pass), a few blocks per row (40) and
-    # one block per row (300, on sm_90 too).
+    # memory (600_001 float32: read from global memory each pass), a few blocks per row (40),
+    # one block per row (300, on sm_90 too) and more blocks than SMs in clusters of 4-8
+    # (40 x 100_000: min_p's 256-thread blocks).
     x = make_logits(batch, vocab, dtype, seed=batch + vocab)
     # k = 3000: more top-k survivors than a block compacts (1024) where a block holds the row.
     rows = list(range(min(batch, 7)))  # the float64 reference is slow: check a few rows
