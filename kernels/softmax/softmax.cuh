@@ -83,31 +83,18 @@ __global__ void SoftmaxKernel(T* __restrict__ out, const T* __restrict__ x, int6
   const float scale2 = inv_temp * (2.0f * kLog2e);  // see ExpShifted
   device::pdl_wait_primary();  // x may be written by the previous kernel (PDL launch)
   float run_max = -INFINITY, run_sum = 0.0f;
-  // kLoads vectors a thread are loaded before any is used: that many loads in flight (one at a
-  // time left a grid of many rows at 65% of copy bandwidth; RESULTS.md, "Softmax over clusters").
-  constexpr int kLoads = 4;
-  for (int64_t v0 = threadIdx.x; v0 < num_vecs; v0 += kLoads * blockDim.x) {
-    Vec in[kLoads];
+  // Four loads a thread in flight (one at a time left grids of many rows at 65% of copy).
+  device::for_each_vec_in_flight<4, Vec>(x_row, num_vecs, [&](int64_t v, const Vec& in) {
+    if constexpr (kCache) cache[v] = in;
+    float f[kVec];
+    float chunk_max = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int64_t v = v0 + j * blockDim.x;
-      if (v < num_vecs) in[j].load(x_row, v);
+    for (int k = 0; k < kVec; ++k) {
+      f[k] = device::to_float(in[k]);
+      chunk_max = fmaxf(chunk_max, f[k]);
     }
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int64_t v = v0 + j * blockDim.x;
-      if (v >= num_vecs) break;
-      if constexpr (kCache) cache[v] = in[j];
-      float f[kVec];
-      float chunk_max = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        f[k] = device::to_float(in[j][k]);
-        chunk_max = fmaxf(chunk_max, f[k]);
-      }
-      OnlineUpdate(run_max, run_sum, chunk_max, f, kVec, scale2);
-    }
-  }
+    OnlineUpdate(run_max, run_sum, chunk_max, f, kVec, scale2);
+  });
   float row_max = device::block_reduce_max(run_max);  // of x; inv_temp > 0
   const float part = (run_max == -INFINITY) ? 0.0f : run_sum * ExpShifted(run_max, 0.5f * row_max, scale2);
   float sum = device::block_reduce_sum(part);  // syncs: the cache is complete after it

@@ -1,7 +1,8 @@
 /*!
  * \file mllm_kernel/cuda/vec.cuh
  * \brief 16-byte vector access: kVecBytes / kVecSize, AlignedVector (one load or store
- *        instruction for N elements) and is_aligned to check an address before using it.
+ *        instruction for N elements), is_aligned to check an address before using it, and
+ *        for_each_vec_in_flight (a block's strided pass with several loads in flight a thread).
  */
 #ifndef MLLM_KERNEL_CUDA_VEC_CUH_
 #define MLLM_KERNEL_CUDA_VEC_CUH_
@@ -50,6 +51,30 @@ struct alignas(sizeof(T) * N) AlignedVector {
   __device__ __forceinline__ T& operator[](int i) { return val[i]; }
   __device__ __forceinline__ const T& operator[](int i) const { return val[i]; }
 };
+
+/*!
+ * \brief fn(v, vector v of src) for v = threadIdx.x, + blockDim.x, ... < num_vecs, in that order
+ *        per thread; each thread issues kLoads loads before using any, so a streaming pass keeps
+ *        kLoads * 16 bytes a thread in flight (a load per step keeps one: with two blocks an SM,
+ *        about 65% of copy bandwidth on an H100, benchmarks/RESULTS.md).
+ */
+template <int kLoads, typename Vec, typename T, typename Fn>
+__device__ __forceinline__ void for_each_vec_in_flight(const T* src, int64_t num_vecs, Fn&& fn) {
+  for (int64_t v0 = threadIdx.x; v0 < num_vecs; v0 += kLoads * static_cast<int64_t>(blockDim.x)) {
+    Vec in[kLoads];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int64_t v = v0 + j * static_cast<int64_t>(blockDim.x);
+      if (v < num_vecs) in[j].load(src, v);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int64_t v = v0 + j * static_cast<int64_t>(blockDim.x);
+      if (v >= num_vecs) break;
+      fn(v, in[j]);
+    }
+  }
+}
 
 }  // namespace mllm_kernel::device
 
