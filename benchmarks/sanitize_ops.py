@@ -138,7 +138,7 @@ def decode_attention_calls():
 def prefill_attention_calls():
     # Every head_dim, ragged and paged (block sizes 1/7/16), lengths 0 to 300 with len_k > len_q,
     # causal or not, window and soft cap, tree masks (and one short mask), and bad block ids,
-    # seq_lens and prefix sums (clamped / masked, never read).
+    # seq_lens and prefix sums (clamped / masked, never read); long ragged requests at head_dim 64.
     from mllm_kernel.kernels.prefill_attention import pop_prefill_attention_error
     from mllm_kernel.kernels.prefill_attention.cases import make_paged_prefill_case, make_ragged_case, tree_mask
 
@@ -177,6 +177,15 @@ def prefill_attention_calls():
             bad.append(pop_prefill_attention_error())
             if None in bad:
                 raise RuntimeError(f"prefill_attention: a bad input was not recorded: {bad}")
+        # Requests averaging >= 2048 queries: ragged head_dim 64 takes 192-row work items on Hopper.
+        wide = make_ragged_case([2049, 2100], [2049, 3000], 4, 2, 64, dtype, "cuda", gen)
+        for causal in (True, False):
+            mk.prefill_attention(*wide.args(), causal=causal)
+        cu_q = wide.cu_seqlens_q.clone()
+        cu_q[1] = 10**6
+        mk.prefill_attention(wide.q, wide.k, wide.v, cu_q, wide.cu_seqlens_k)
+        if pop_prefill_attention_error() is None:
+            raise RuntimeError("prefill_attention: a bad prefix sum (192-row items) was not recorded")
         yield f"prefill_attention {dtype} ({backend})"
     if chosen is None:
         del os.environ["MLLM_KERNEL_PREFILL_BACKEND"]

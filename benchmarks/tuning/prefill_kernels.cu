@@ -6,6 +6,7 @@
 // and point the include path at it. Run: benchmarks/tuning/prefill_kernels.sh [KERNEL_DIR]
 #include "prefill_attention.cuh"
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <vector>
 using namespace mllm_kernel;
@@ -52,18 +53,14 @@ void Run(int batch, int seq, bool causal, bool sm90, int bs = 0) {
     p.num_blocks = tokens / bs; p.max_blocks = p.table_stride; p.max_keys = (int64_t)p.max_blocks * bs;
     p.k_stride = (int64_t)bs * KH * D; p.v_stride = p.k_stride; p.block_size = device::FastDivmod(bs);
   }
-  const auto maps = bs > 0 ? h::MakeTmaMaps<T, D, true>(p) : h::MakeTmaMaps<T, D, false>(p);
+  // Through the library's own dispatch (plan kernel, then the kernel MLLM_KERNEL_PREFILL_BACKEND
+  // names, with its grid, threads and shared memory), on the default stream.
+  setenv("MLLM_KERNEL_PREFILL_BACKEND", sm90 ? "sm90" : "fa2", 1);
+  const DLDevice device{kDLCUDA, 0};
   auto launch = [&] {
-    d::PlanKernel<T><<<1, d::kPlanThreads>>>(p);
-    if (sm90 && bs > 0) h::PrefillKernelSm90<T, D, true><<<dim3(p.max_work, H), h::kThreads, (h::kSmemBytes<D>)>>>(p, maps);
-    else if (sm90) h::PrefillKernelSm90<T, D, false><<<dim3(p.max_work, H), h::kThreads, (h::kSmemBytes<D>)>>>(p, maps);
-    else if (bs > 0) d::PrefillKernel<T, D, true><<<dim3(p.max_work, H), (d::kWarpsOf<D> * 32), (d::kSmemBytes<D>)>>>(p);
-    else d::PrefillKernel<T, D, false><<<dim3(p.max_work, H), (d::kWarpsOf<D> * 32), (d::kSmemBytes<D>)>>>(p);
+    if (bs > 0) d::LaunchPrefill<T, D, true>(p, device);
+    else d::LaunchPrefill<T, D, false>(p, device);
   };
-  CK(cudaFuncSetAttribute(h::PrefillKernelSm90<T, D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, h::kSmemBytes<D>));
-  CK(cudaFuncSetAttribute(d::PrefillKernel<T, D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, d::kSmemBytes<D>));
-  CK(cudaFuncSetAttribute(h::PrefillKernelSm90<T, D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, h::kSmemBytes<D>));
-  CK(cudaFuncSetAttribute(d::PrefillKernel<T, D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, d::kSmemBytes<D>));
   launch(); CK(cudaDeviceSynchronize());
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   std::vector<float> ms;

@@ -57,6 +57,7 @@ using device::pack2;
 using device::swizzle;
 
 constexpr int kBlockM = 128;  // query rows per CTA (a work item)
+constexpr int kWideRows = 2048;  // average query rows per request from which head_dim 64 takes 192-row items
 // Warps per CTA and 16-row blocks per warp: 4 warps of 32 rows, or at head_dim 256 (twice the
 // accumulator registers per row) 8 warps of 16. Two row blocks per warp use each K and V
 // fragment read from shared memory twice.
@@ -120,6 +121,7 @@ __device__ __forceinline__ KeyRange VisibleKeys(const Request& req, int row0, in
   return r;
 }
 
+// Work items of kBlockM rows or more fit in this many (the Hopper kernel's are as large or larger).
 inline int64_t MaxWork(int64_t total_q, int64_t batch) { return (total_q + kBlockM - 1) / kBlockM + batch; }
 inline int64_t WorkspaceInts(int64_t total_q, int64_t batch) { return 6 * batch + 2 + 2 * MaxWork(total_q, batch); }
 
@@ -139,6 +141,7 @@ struct PrefillParams {
   int64_t* error;
   int64_t q_stride, k_stride, v_stride, table_stride, mask_size;
   int batch, total_q, total_k, num_heads, num_kv_heads, group, num_blocks, max_blocks, max_work;
+  int block_m;        // query rows per work item: kBlockM, or the Hopper kernel's (as many or more)
   int window;         // > 0: keys pos - window < t <= pos
   int64_t max_keys;   // paged: max_blocks * block_size
   FastDivmod block_size;
@@ -258,7 +261,7 @@ __global__ void __launch_bounds__(kPlanThreads) PlanKernel(const PrefillParams<T
     for (int i = threadIdx.x; i < n; i += kPlanThreads) {
       uint64_t key = 0;
       if (i < B) {
-        const uint64_t tiles = (ws.requests[i].len_q + kBlockM - 1) / kBlockM;
+        const uint64_t tiles = (ws.requests[i].len_q + p.block_m - 1) / p.block_m;
         key = tiles << 32 | static_cast<uint32_t>(~i);
       }
       order[i] = key;
@@ -287,7 +290,7 @@ __global__ void __launch_bounds__(kPlanThreads) PlanKernel(const PrefillParams<T
     int r = 0, tiles = 0;
     if (i < B) {
       r = sorted ? static_cast<int>(~static_cast<uint32_t>(order[i])) : i;
-      tiles = (ws.requests[r].len_q + kBlockM - 1) / kBlockM;
+      tiles = (ws.requests[r].len_q + p.block_m - 1) / p.block_m;
     }
     int chunk_total = 0;
     const int first = carry + block_inclusive_scan(tiles, sums32, chunk_total) - tiles;
@@ -664,21 +667,37 @@ bool HasSm90(int device, std::string_view backend) {
   return known == 1;
 }
 
-template <typename T, int D, bool kPaged>
-void LaunchPrefill(const PrefillParams<T>& p, DLDevice device) {
+/*! \brief The Hopper kernel with \p kConsumers consumer warpgroups (work items of 64 rows each). */
+template <typename T, int D, bool kPaged, int kConsumers>
+void LaunchSm90(PrefillParams<T> p, DLDevice device) {
   namespace h = prefill_attention_sm90;
+  using Tile = h::Shape<D, kPaged, kConsumers>;
+  p.block_m = Tile::kBlockM;
+  const h::TmaMaps maps = h::MakeTmaMaps<T, D, kPaged, kConsumers>(p);
+  host::LaunchKernel(1, kPlanThreads, device).enable_pdl(true)(PlanKernel<T>, p);
+  const int64_t units = int64_t{p.max_work} * p.num_heads;  // an upper bound: the plan counts them
+  const int grid = static_cast<int>(std::min<int64_t>(units, host::MultiProcessorCount(device.device_id)));
+  host::LaunchKernel(grid, Tile::kThreads, device, h::kSmemBytes<Tile, D>)
+      .enable_pdl(true)(h::PrefillKernelSm90<T, D, kPaged, kConsumers>, p, maps);
+}
+
+template <typename T, int D, bool kPaged>
+void LaunchPrefill(PrefillParams<T> p, DLDevice device) {
   const std::string_view backend = PrefillBackend();
   // Automatically, paged caches whose pages the Hopper kernel cannot copy by TMA (block size 1,
   // odd sizes) stay on the mma.sync kernel, which copies them faster.
   if (backend != "fa2" && HasSm90<T, D, kPaged>(device.device_id, backend) &&
-      (!kPaged || backend == "sm90" || h::PagedBoxRows<D>(p.block_size.d) > 0)) {
-    const h::TmaMaps maps = h::MakeTmaMaps<T, D, kPaged>(p);
-    host::LaunchKernel(1, kPlanThreads, device).enable_pdl(true)(PlanKernel<T>, p);
-    const int64_t units = int64_t{p.max_work} * p.num_heads;  // an upper bound: the plan counts them
-    const int grid = static_cast<int>(std::min<int64_t>(units, host::MultiProcessorCount(device.device_id)));
-    host::LaunchKernel(grid, h::kThreads, device, h::kSmemBytes<D>).enable_pdl(true)(h::PrefillKernelSm90<T, D, kPaged>, p, maps);
-    return;
+      (!kPaged || backend == "sm90" || prefill_attention_sm90::PagedBoxRows<D>(p.block_size.d) > 0)) {
+    // Ragged head_dim 64: three consumers (192-row items) once requests average kWideRows
+    // queries. Measured (H200, RESULTS.md): 7-10% faster at 2 x 16384 and 8 x 4096 full, equal at
+    // 8 x 4096 causal, 10% slower at 16 x 1024 causal (a request's last 192-row item is a third
+    // full). From shapes only, so a captured graph keeps its choice.
+    if constexpr (D == 64 && !kPaged) {
+      if (p.total_q >= int64_t{kWideRows} * p.batch) return LaunchSm90<T, D, kPaged, 3>(p, device);
+    }
+    return LaunchSm90<T, D, kPaged, 2>(p, device);
   }
+  p.block_m = kBlockM;
   const int64_t limit = host::MaxSharedMemoryPerBlock(device.device_id);
   host::ValueCheck(kSmemBytes<D> <= limit, kPaged ? "paged_prefill_attention" : "prefill_attention", ": head_dim ", D,
                    " needs ", kSmemBytes<D>, " bytes of shared memory per block; cuda:", device.device_id, " offers ",

@@ -4,19 +4,21 @@
  * producer warpgroup (warp specialization), included by prefill_attention.cuh, which picks it on
  * GPUs whose binary has it (HasSm90), at every head_dim (64, 128, 256).
  *
- * Persistent: one CTA per SM, 384 threads in three warpgroups, runs units of work (a work item of
- * PlanKernel for one query head) until none is left, taking each next one from a counter the plan
- * zeroes (greedy, longest items first), so that one unit's loads overlap the last one's tail.
+ * Persistent: one CTA per SM, a producer warpgroup and two or three consumer warpgroups (Shape),
+ * runs units of work (a work item of PlanKernel for one query head) until none is left, taking
+ * each next one from a counter the plan zeroes (greedy, longest items first), so that one unit's
+ * loads overlap the last one's tail.
  *  - warpgroup 0 is the producer. Its thread 64 copies each unit's Q tile with TMA; warps 0-1 copy
- *    each K tile of kBlockN keys and warps 2-3 each V tile into rings of kStages (Shape<D>) that
- *    run on across units, on barriers of their own ("full", "empty"). Whole tiles of a request's keys go by TMA (ragged K/V, or pages of 16
- *    to 128 rows that tile kBlockN); the rest (a request's last partial tile, small or odd pages,
- *    a bad block id) by cp.async, which zero-fills keys that must not be read.
- *  - warpgroups 1 and 2 are consumers of 64 query rows each: S = Q K^T with shared-memory
+ *    each K tile of kBlockN keys and warps 2-3 each V tile into rings of kStages (Shape) that run
+ *    on across units, on barriers of their own ("full", "empty"). Whole tiles of a request's keys
+ *    go by TMA (ragged K/V, or pages of 16 to 128 rows that tile kBlockN); the rest (a request's
+ *    last partial tile, small or odd pages, a bad block id) by cp.async, which zero-fills keys
+ *    that must not be read.
+ *  - the other warpgroups are consumers of 64 query rows each: S = Q K^T with shared-memory
  *    operands (wgmma m64nkBlockNk16), the online softmax in registers, O += P V with P from
  *    registers and V transposed by the descriptor. O += P V of tile kt - 1 is issued with S of
- *    tile kt and runs during its softmax; the two consumers take turns issuing (named barriers),
- *    so one's softmax overlaps the other's products.
+ *    tile kt and runs during its softmax; the consumers take turns issuing (named barriers, a
+ *    ring), so one's products overlap the others' softmax.
  * setmaxnreg moves registers from the producer to the consumers.
  *
  * Shared-memory tiles use the 128-byte swizzle that wgmma descriptors name: a [rows, D] tile is
@@ -294,30 +296,42 @@ MLLM_KERNEL_WGMMA_M64N256_RS(bf16_t, "bf16")
 
 namespace pa = prefill_attention_detail;
 
-constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
-static_assert(pa::kBlockM == 128, "two consumer warpgroups of 64 rows cover one work item");
-
-constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 64K
-
 /*!
- * \brief The tile shape per head_dim. Keys per tile: S is 64 x kBlockN per consumer warpgroup, O
- * 64 x D (at head_dim 256 a consumer thread holds 128 floats of O, 32 of S and 16 words of P,
- * within its 224 registers). Stages: as many K/V tiles as fit next to Q in the 227 KiB a block
- * may use (head_dim 128: 32 KiB of Q + 3 x 64 KiB; 256: 64 KiB + 2 x 64 KiB).
+ * \brief The shape per head_dim, key source and consumer count.
+ *  - Consumers: warpgroups of 64 query rows each; a work item is 64 rows per consumer. Two, or
+ *    three for ragged head_dim 64 with long requests (LaunchPrefill picks): there a tile's softmax
+ *    costs as much as its products, and with a third warpgroup the tensor cores have work while
+ *    two others are in their softmax (FlashInfer and FlashAttention-3 take 192 rows there too).
+ *  - Keys per tile: S is 64 x kBlockN per consumer warpgroup, O 64 x D (at head_dim 256 a consumer
+ *    thread holds 128 floats of O, 32 of S and 16 words of P).
+ *  - Stages: as many K/V tiles as fit next to Q in the 227 KiB a block may use (head_dim 128: 32
+ *    KiB of Q + 3 x 64 KiB; 256: 64 KiB + 2 x 64 KiB).
+ *  - Registers: setmaxnreg moves them from the producer to the consumers, within 64K a CTA. The
+ *    paged producer's copy loop needs 56; the ragged one runs in 32 (with three consumers of 160:
+ *    152 spilled in the tile loop and ran 25% slower, measured).
  */
-template <int D>
+template <int D, bool kPaged, int kConsumers_ = 2>
 struct Shape {
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockN = D <= 128 ? 128 : 64;
   static constexpr int kStages = D <= 128 ? 3 : 2;
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 56;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 224;
+  static_assert(kConsumers == 2 || (kConsumers == 3 && !kPaged), "three consumers: ragged only");
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "registers of a CTA");
+  static_assert(kBlockM >= pa::kBlockM, "pa::MaxWork counts items of pa::kBlockM rows: larger ones fit");
 };
 constexpr int kMaxStages = 3;
+constexpr int kProducerBarrier = 8;  // named barrier of the producer warpgroup (1 + consumer: the turns)
 
 /*! \brief Dynamic shared memory: Q, the K/V ring, key flags; plus slack to align the tiles to 1024 bytes. */
-template <int D>
+template <typename Tile, int D>
 constexpr int kSmemBytes =
-    1024 + (pa::kBlockM * D + Shape<D>::kStages * 2 * Shape<D>::kBlockN * D) * 2 + Shape<D>::kStages * Shape<D>::kBlockN;
+    1024 + (Tile::kBlockM * D + Tile::kStages * 2 * Tile::kBlockN * D) * 2 + Tile::kStages * Tile::kBlockN;
 
-/*! \brief One unit of work: a work item of the plan (128 query rows of a request) for one query head. */
+/*! \brief One unit of work: a work item of the plan (Shape::kBlockM query rows of a request) for one query head. */
 struct Unit {
   int index;  // >= the number of units: no more work
   int request, head, row0, rows;
@@ -334,12 +348,12 @@ struct Unit {
  * to handed[j % 2] for the consumers with its Q (q_full) once they are done with unit j - 1's Q
  * (q_empty). The units stay in shared memory, read where needed, rather than in registers.
  */
-struct CtaState {  // the first Shape<D>::kStages of each ring are used
+struct CtaState {  // the first Shape::kStages of each ring are used
   uint64_t q_full;                // thread 64: the unit handed on and, when it has keys, its Q landed
-  uint64_t q_empty;               // the consumers' 256 threads: the unit's last S = Q K^T is done
+  uint64_t q_empty;               // every consumer thread: the unit's last S = Q K^T is done
   uint64_t k_full[kMaxStages];    // its 64 K loaders: the stage's K tile (and key flags) landed
   uint64_t v_full[kMaxStages];    // its 64 V loaders: the stage's V tile landed
-  uint64_t k_empty[kMaxStages];   // the consumers' 256 threads: done with the stage's K tile
+  uint64_t k_empty[kMaxStages];   // every consumer thread: done with the stage's K tile
   uint64_t v_empty[kMaxStages];   // ... and with its V tile
   Unit unit[2];
   Unit handed[2];
@@ -398,17 +412,18 @@ inline void EncodeTokensMap(CUtensorMap* map, const T* base, int64_t tokens, int
  */
 template <int D>
 inline int PagedBoxRows(int64_t block_size) {
-  constexpr int kBlockN = Shape<D>::kBlockN;
+  constexpr int kBlockN = Shape<D, true>::kBlockN;
   if (block_size >= 16 && block_size <= kBlockN && kBlockN % block_size == 0) return static_cast<int>(block_size);
   if (block_size > kBlockN && block_size % kBlockN == 0) return kBlockN;
   return 0;
 }
 
-template <typename T, int D, bool kPaged>
+template <typename T, int D, bool kPaged, int kConsumers>
 TmaMaps MakeTmaMaps(const pa::PrefillParams<T>& p) {
-  constexpr int kBlockN = Shape<D>::kBlockN;
+  using Tile = Shape<D, kPaged, kConsumers>;
+  constexpr int kBlockN = Tile::kBlockN;
   TmaMaps maps{};
-  EncodeTokensMap(&maps.q, p.q, p.total_q, p.num_heads, p.q_stride, D, pa::kBlockM, "q");
+  EncodeTokensMap(&maps.q, p.q, p.total_q, p.num_heads, p.q_stride, D, Tile::kBlockM, "q");
   if constexpr (!kPaged) {
     EncodeTokensMap(&maps.k, p.k, p.total_k, p.num_kv_heads, p.k_stride, D, kBlockN, "k");
     EncodeTokensMap(&maps.v, p.v, p.total_k, p.num_kv_heads, p.v_stride, D, kBlockN, "v");
@@ -426,11 +441,13 @@ TmaMaps MakeTmaMaps(const pa::PrefillParams<T>& p) {
   return maps;
 }
 
-template <typename T, int D, bool kPaged>
-__global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::PrefillParams<T> p, const __grid_constant__ TmaMaps maps) {
+template <typename T, int D, bool kPaged, int kConsumers_ = 2>
+__global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
+    PrefillKernelSm90(const pa::PrefillParams<T> p, const __grid_constant__ TmaMaps maps) {
 #ifdef MLLM_KERNEL_PREFILL_SM90_BODY
-  using pa::kBlockM;
-  constexpr int kBlockN = Shape<D>::kBlockN, kStages = Shape<D>::kStages;
+  using Tile = Shape<D, kPaged, kConsumers_>;
+  constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kStages = Tile::kStages;
+  constexpr int kConsumers = Tile::kConsumers, kConsumerThreads = 128 * kConsumers;
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kTileBytes = kBlockN * D * 2;
   __shared__ CtaState cta;  // static shared memory: what HasSm90 looks for
@@ -447,12 +464,12 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
 
   if (threadIdx.x == 0) {
     mbarrier_init(&cta.q_full, 1);
-    mbarrier_init(&cta.q_empty, 256);
+    mbarrier_init(&cta.q_empty, kConsumerThreads);
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&cta.k_full[s], 64);
       mbarrier_init(&cta.v_full[s], 64);
-      mbarrier_init(&cta.k_empty[s], 256);
-      mbarrier_init(&cta.v_empty[s], 256);
+      mbarrier_init(&cta.k_empty[s], kConsumerThreads);
+      mbarrier_init(&cta.v_empty[s], kConsumerThreads);
     }
   }
   __syncthreads();
@@ -460,7 +477,7 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
 
   if (threadIdx.x < 128) {
     // ------------------------------------------------------------ producer warpgroup
-    registers_decrease<kProducerRegs>();
+    registers_decrease<Tile::kProducerRegs>();
     const int t = threadIdx.x;
     // Warps 0-1 copy K tiles (and write the key flags), warps 2-3 V tiles, each on its own
     // barriers: a K tile is handed over as soon as it lands, whatever V is doing. Thread 64 also
@@ -498,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
           u.num_tiles = hi > lo ? (hi - lo + kBlockN - 1) / kBlockN : 0;
         }
       }
-      asm volatile("bar.sync 3, 128;\n" ::: "memory");  // unit j is written
+      asm volatile("bar.sync %0, 128;\n" ::"n"(kProducerBarrier) : "memory");  // unit j is written
       const bool done = u.index >= num_units;
       if (t == 64) {  // hand the unit (and its Q) to the consumers once they are done with unit j - 1's Q
         if (j > 0) mbarrier_wait(&cta.q_empty, (j - 1) & 1);
@@ -617,7 +634,7 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
   }
 
   // -------------------------------------------------------------- consumer warpgroups
-  registers_increase<kConsumerRegs>();
+  registers_increase<Tile::kConsumerRegs>();
   const int consumer = threadIdx.x / 128 - 1;
   const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const int wrow = consumer * 64 + warp * 16;  // the warp's first row in the tile
@@ -760,14 +777,15 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
     }
   };
 
-  // The two consumers take turns at the tensor cores (named barriers 1 and 2: "consumer c may
-  // issue"): one issues its products while the other runs its softmax. Within a consumer, O += P V
-  // of tile kt - 1 runs while the softmax of tile kt does. Each issue block waits for its turn and
-  // passes it on; consumer 1 starts the exchange with a pass of its own, and consumer 0 takes
-  // the last pass after its last unit, so that every arrival is matched.
+  // The consumers take turns at the tensor cores in a ring (named barrier 1 + c: "consumer c may
+  // issue"): one issues its products while the others run their softmax. Within a consumer, O +=
+  // P V of tile kt - 1 runs while the softmax of tile kt does. Every consumer has as many issue
+  // blocks (they share each unit's tiles). Each block waits for its turn and passes it on; the
+  // last consumer starts the ring with a pass of its own, and consumer 0 takes the last pass
+  // after its last unit, so that every arrival is matched.
   auto wait_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory"); };
-  auto pass_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory"); };
-  if (consumer == 1) pass_turn();
+  auto pass_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % kConsumers) : "memory"); };
+  if (consumer == kConsumers - 1) pass_turn();
   for (int j = 0;; ++j) {
     mbarrier_wait(&cta.q_full, j & 1);  // the unit handed on, and its Q when it has keys to see
     unit = &cta.handed[j % 2];
@@ -859,7 +877,7 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillKernelSm90(const pa::Prefi
       if (lane % 4 == 0) p.lse[token * p.num_heads + u.head] = sum == 0.f ? -INFINITY : (m[h] + log2f(sum)) * pa::kLn2;
     }
   }
-  if (consumer == 0) wait_turn();  // consumer 1's last pass
+  if (consumer == 0) wait_turn();  // the last consumer's last pass
   device::pdl_launch_dependents();
 #endif  // MLLM_KERNEL_PREFILL_SM90_BODY
 }

@@ -49,6 +49,10 @@ PREFIX = ([7, 33, 1, 64], [50, 33, 130, 64])
 FEWER_KEYS = ([20, 5], [12, 5])
 CUDA_LONG = ([1, 15, 16, 17, 127, 1000, 4097], [1, 15, 16, 17, 127, 1000, 4097])
 CUDA_LONG_PREFIX = ([127, 1000, 65], [1127, 4097, 3000])
+# Requests averaging >= 2048 queries: ragged head_dim 64 then runs 192-row work items (three
+# consumer warpgroups on Hopper, prefill_attention.cuh kWideRows); these leave partial last items.
+CUDA_WIDE = ([2500, 1700, 2049], [2500, 1700, 2049])
+CUDA_WIDE_PREFIX = ([2100, 2300], [4000, 2300])
 
 
 def dtype_id(dtype: torch.dtype) -> str:
@@ -425,6 +429,18 @@ def test_cuda_long(dtype, head_dim, heads):
     run_ragged(case, dtype, "not causal", causal=False)
     paged = make_paged_prefill_case(*CUDA_LONG_PREFIX, *heads, head_dim, 16, dtype, "cuda", gen)
     run_paged(paged, dtype, "paged")
+
+
+@cuda_only
+@pytest.mark.parametrize("heads", [(8, 2), (8, 8)], ids=lambda h: f"H{h[0]}_KH{h[1]}")
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_long_requests_head_dim_64(dtype, heads):
+    gen = gen_for("wide", dtype, heads)
+    for lens in (CUDA_WIDE, CUDA_WIDE_PREFIX):
+        case = make_ragged_case(*lens, *heads, 64, dtype, "cuda", gen)
+        run_ragged(case, dtype, f"causal {lens}")
+        run_ragged(case, dtype, f"not causal {lens}", causal=False)
+    run_ragged(case, dtype, "window", sliding_window=700)
 
 
 @cuda_only
