@@ -181,6 +181,8 @@ def prefill_attention_calls():
         wide = make_ragged_case([2049, 2100], [2049, 3000], 4, 2, 64, dtype, "cuda", gen)
         for causal in (True, False):
             mk.prefill_attention(*wide.args(), causal=causal)
+        if (recorded := pop_prefill_attention_error()) is not None:
+            raise RuntimeError(f"prefill_attention: good inputs (192-row items) recorded {recorded}")
         cu_q = wide.cu_seqlens_q.clone()
         cu_q[1] = 10**6
         mk.prefill_attention(wide.q, wide.k, wide.v, cu_q, wide.cu_seqlens_k)

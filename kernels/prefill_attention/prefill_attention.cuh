@@ -10,7 +10,7 @@
  *
  * Two kernels per call, no host sync (so a CUDA graph stays valid when the lengths change):
  *  - PlanKernel (one CTA) reads the lengths, clamps and records bad ones, and writes the work
- *    list: one item per (request, tile of kBlockM queries), the longest requests first and the
+ *    list: one item per (request, tile of block_m queries), the longest requests first and the
  *    heaviest (last, under a causal mask) tile of each first, so that long items do not end up
  *    in the last wave.
  *  - PrefillKernel: one CTA per (work item, query head). Its warps own 32 query rows each (16 at
@@ -667,7 +667,7 @@ bool HasSm90(int device, std::string_view backend) {
   return known == 1;
 }
 
-/*! \brief The Hopper kernel with \p kConsumers consumer warpgroups (work items of 64 rows each). */
+/*! \brief The Hopper kernel with \p kConsumers consumer warpgroups (work items of 64 rows per consumer). */
 template <typename T, int D, bool kPaged, int kConsumers>
 void LaunchSm90(PrefillParams<T> p, DLDevice device) {
   namespace h = prefill_attention_sm90;

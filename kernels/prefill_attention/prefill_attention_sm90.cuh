@@ -344,7 +344,7 @@ struct Unit {
 /*!
  * \brief What a CTA's warpgroups share besides the tiles. Each CTA runs units until none is left
  * (one CTA per SM, persistent): the producer's thread 0 takes the CTA's unit j from the plan's
- * counter and writes it to unit[j % 2] for the producer warpgroup (bar.sync 3); thread 64 copies it
+ * counter and writes it to unit[j % 2] for the producer warpgroup (kProducerBarrier); thread 64 copies it
  * to handed[j % 2] for the consumers with its Q (q_full) once they are done with unit j - 1's Q
  * (q_empty). The units stay in shared memory, read where needed, rather than in registers.
  */

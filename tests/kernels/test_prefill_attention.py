@@ -434,7 +434,9 @@ def test_cuda_long(dtype, head_dim, heads):
 @cuda_only
 @pytest.mark.parametrize("heads", [(8, 2), (8, 8)], ids=lambda h: f"H{h[0]}_KH{h[1]}")
 @pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
-def test_cuda_long_requests_head_dim_64(dtype, heads):
+def test_cuda_long_requests_head_dim_64(dtype, heads, monkeypatch):
+    if torch.cuda.get_device_capability() == (9, 0):  # the Hopper kernel, where 192-row items exist
+        monkeypatch.setenv("MLLM_KERNEL_PREFILL_BACKEND", "sm90")
     gen = gen_for("wide", dtype, heads)
     for lens in (CUDA_WIDE, CUDA_WIDE_PREFIX):
         case = make_ragged_case(*lens, *heads, 64, dtype, "cuda", gen)
