@@ -292,6 +292,20 @@ MLLM_KERNEL_WGMMA_M64N256_RS(fp16_t, "f16")
 MLLM_KERNEL_WGMMA_M64N256_RS(bf16_t, "bf16")
 #undef MLLM_KERNEL_WGMMA_M64N256_RS
 
+/*!
+ * \brief The frame a row's exponentials are taken in (log2 units; P = 2^(x - frame)) after a
+ * tile whose largest logit is \p x_max: it moves to x_max only when x_max reaches frame +
+ * kFrameSlack. P may then reach 2^8, which float32 sums and 16-bit P hold as precisely as 1,
+ * and O is rescaled only when a row's max jumps that far past the frame (rarely after a row's
+ * first tile), not each time it grows. -inf (no key yet) keeps the frame.
+ */
+constexpr float kFrameSlack = 8.f;
+__device__ __forceinline__ float NextFrame(float frame, float x_max) {
+  return x_max >= frame + kFrameSlack ? x_max : frame;
+}
+/*! \brief Below this |frame|, s * scale - frame in one FFMA (the product not rounded first) is within 1/16 of x - frame. */
+constexpr float kFusedFrameLimit = 0x1p20f;
+
 // ---------------------------------------------------------------------------- the kernel
 
 namespace pa = prefill_attention_detail;
@@ -670,11 +684,9 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
   // O += P V, 16 keys per product: V is [keys, D] (D contiguous), so its descriptor is MN-major
   // (transposed): 64-column blocks kBlockN * 128 bytes apart, 8-key atoms 1024 bytes apart.
   auto issue_pv = [&](int stage) {
-    const unsigned char* v_tile = kv_tiles + stage * 2 * kTileBytes + kTileBytes;
+    const uint64_t v0 = sw128_descriptor(kv_tiles + stage * 2 * kTileBytes + kTileBytes, kBlockN * 128, 1024);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      Wgmma<T, D>::rs(o, pv[kk], sw128_descriptor(v_tile + kk * 16 * 128, kBlockN * 128, 1024), 1);
-    }
+    for (int kk = 0; kk < kBlockN / 16; ++kk) Wgmma<T, D>::rs(o, pv[kk], v0 + ((kk * 16 * 128) >> 4), 1);
     wgmma_commit();
   };
   // P's float accumulator layout is the A operand's register layout.
@@ -753,27 +765,37 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         if (!keep) s[i] = -INFINITY;
       }
     }
+    // The max over s (scale > 0: the max of x = s * scale is the max of s times scale).
     float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) {
-      s[i] *= sc;
-      row_max[i % 4 / 2] = fmaxf(row_max[i % 4 / 2], s[i]);
-    }
+    for (int i = 0; i < kBlockN / 2; ++i) row_max[i % 4 / 2] = fmaxf(row_max[i % 4 / 2], s[i]);
     float m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(device::kFullMask, row_max[h], 1));
       row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(device::kFullMask, row_max[h], 2));
-      const float m_new = fmaxf(m[h], row_max[h]);
+      const float m_new = NextFrame(m[h], row_max[h] * sc);
       m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // no key yet: everything stays 0
       rescale[h] = device::exp2_approx(m[h] - m_use[h]);
       m[h] = m_new;
       l[h] *= rescale[h];
     }
+    // P = 2^(s * scale - frame) in one FFMA and an exp2. The FFMA does not round the product,
+    // so P may differ from 2^(x - frame) by x's rounding error, half an ulp: a factor of 2^(1/16)
+    // at most below kFusedFrameLimit. Past it (absurd logits, where half an ulp could overflow
+    // exp2) x is rounded first, as in the mma.sync kernel.
+    if (fabsf(m_use[0]) < kFusedFrameLimit && fabsf(m_use[1]) < kFusedFrameLimit) {
 #pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) {
-      s[i] = device::exp2_approx(s[i] - m_use[i % 4 / 2]);
-      l[i % 4 / 2] += s[i];
+      for (int i = 0; i < kBlockN / 2; ++i) {
+        s[i] = device::exp2_approx(fmaf(s[i], sc, -m_use[i % 4 / 2]));
+        l[i % 4 / 2] += s[i];
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) {
+        s[i] = device::exp2_approx(__fmul_rn(s[i], sc) - m_use[i % 4 / 2]);
+        l[i % 4 / 2] += s[i];
+      }
     }
   };
 

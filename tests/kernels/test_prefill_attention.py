@@ -25,6 +25,7 @@ from mllm_kernel.kernels.prefill_attention import (
     prefill_attention,
 )
 from mllm_kernel.kernels.prefill_attention.cases import (
+    RaggedCase,
     allowed_keys,
     make_paged_prefill_case,
     make_ragged_case,
@@ -223,6 +224,52 @@ def test_cpu_soft_cap_and_scale(dtype, cap):
 @pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
 def test_cuda_soft_cap_and_scale(dtype, cap):
     check_soft_cap_and_scale("cuda", dtype, cap)
+
+
+def check_logit_ranges(device, dtype, head_dim):
+    """Logits far from N(0, 1), each request's keys in order:
+    - rising by about 2.5 (natural log) per 128 keys in request 0 and 10 in request 1: a row's
+      max then grows after its first tile by less and by more than the Hopper kernel's frame
+      slack (2^8), which decides whether O is rescaled;
+    - huge (2^33): each query copies one key whose entries are +-2^15, so that its logit is
+      exact in float32 and alone (others are 40 * 2^27 below). An FFMA of the unrounded
+      s * scale - frame is off by up to 512 (log2 units) there and would overflow exp2."""
+    gen = gen_for("logit ranges", device, dtype, head_dim)
+    lens_q, lens_k = [300, 200], [700, 600]
+    heads = (8, 2)
+    case = make_ragged_case(lens_q, lens_k, *heads, head_dim, dtype, "cpu", gen)
+    q, k = case.q.float() * 0.5, case.k.float()
+    q[..., 0] = 4.0
+    per_key = (4.0 * head_dim ** -0.5) * 128  # logit (natural log) per unit of k[..., 0] and 128 keys
+    ramps = [torch.arange(n) * (rate / per_key) for n, rate in zip(lens_k, (2.5, 10.0))]
+    k[..., 0] += torch.cat(ramps).unsqueeze(1)
+    rising = RaggedCase(q.to(dtype).to(device), k.to(dtype).to(device), case.v.to(device),
+                        case.cu_seqlens_q.to(device), case.cu_seqlens_k.to(device))
+    run_ragged(rising, dtype, "rising, causal")
+    run_ragged(rising, dtype, "rising, not causal", causal=False)
+
+    signs = torch.randint(0, 2, k.shape, generator=gen).float() * 2 - 1
+    k_huge = signs * 2.0 ** 15
+    # Query j of request i copies key 7 * j + 3 of the same KV head (visible to it when causal).
+    starts = case.cu_seqlens_k.tolist()
+    copied = torch.cat([torch.arange(n) * 7 % (m - 300) + 3 + s for n, m, s in zip(lens_q, lens_k, starts)])
+    q_huge = k_huge[copied].repeat_interleave(heads[0] // heads[1], dim=1)
+    huge = RaggedCase(q_huge.to(dtype).to(device), k_huge.to(dtype).to(device), case.v.to(device),
+                      case.cu_seqlens_q.to(device), case.cu_seqlens_k.to(device))
+    run_ragged(huge, dtype, "huge")  # the reference: each query's output is its one key's V row
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cpu_logit_ranges(dtype, head_dim):
+    check_logit_ranges("cpu", dtype, head_dim)
+
+
+@cuda_only
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_logit_ranges(dtype, head_dim):
+    check_logit_ranges("cuda", dtype, head_dim)
 
 
 def check_strided_inputs(device, dtype):
