@@ -320,7 +320,7 @@ namespace pa = prefill_attention_detail;
  *    thread holds 128 floats of O, 32 of S and 16 words of P).
  *  - Stages: as many K/V tiles as fit next to Q in the 227 KiB a block may use (head_dim 128: 32
  *    KiB of Q + 3 x 64 KiB; 256: 64 KiB + 2 x 64 KiB).
- *  - Registers: setmaxnreg moves them from the producer to the consumers, within 64K a CTA. The
+ *  - Registers: setmaxnreg moves them from the producer to the consumers, within the CTA's. The
  *    paged producer's copy loop needs 56; the ragged one runs in 32 (with three consumers of 160:
  *    152 spilled in the tile loop and ran 25% slower, measured).
  */
@@ -334,7 +334,10 @@ struct Shape {
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 56;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 224;
   static_assert(kConsumers == 2 || (kConsumers == 3 && !kPaged), "three consumers: ragged only");
-  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "registers of a CTA");
+  // setmaxnreg moves registers within what the CTA got at launch, kThreads x the launch bound's
+  // share (65536 / kThreads in steps of 8): a warpgroup asking for more waits forever.
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8),
+                "registers of a CTA");
   static_assert(kBlockM >= pa::kBlockM, "pa::MaxWork counts items of pa::kBlockM rows: larger ones fit");
 };
 constexpr int kMaxStages = 3;
