@@ -494,8 +494,9 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, D <= 128 ? 2 : 1) PrefillKer
     }
     // Logits in log2 units: x = s * scale, or with a soft cap tanh(s * scale) * cap (a pass of
     // its own, so that the tanh code stays out of the hot loop); masked keys -inf. x is rounded
-    // before the max is taken, so that x - m <= 0 exactly. (The Hopper kernel's FFMA form spills
-    // here at head_dim 128: ptxas, 246-255 registers.)
+    // before the max is taken, so that x - m <= 0 exactly (an FFMA of s * scale - m carries the
+    // product's rounding error, which overflows exp2 at huge logits). The Hopper kernel's FFMA
+    // form, with its rounded fallback, spills here at head_dim 128 (ptxas, 246-255 registers).
     float sc = p.q_scale;
     if (p.soft_cap) {
 #pragma unroll

@@ -295,15 +295,18 @@ MLLM_KERNEL_WGMMA_M64N256_RS(bf16_t, "bf16")
 /*!
  * \brief The frame a row's exponentials are taken in (log2 units; P = 2^(x - frame)) after a
  * tile whose largest logit is \p x_max: it moves to x_max only when x_max reaches frame +
- * kFrameSlack. P may then reach 2^8, which float32 sums and 16-bit P hold as precisely as 1,
- * and O is rescaled only when a row's max jumps that far past the frame (rarely after a row's
- * first tile), not each time it grows. -inf (no key yet) keeps the frame.
+ * kFrameSlack. P may then reach about 2^8, which float32 sums and 16-bit P hold as precisely
+ * as 1, and O is rescaled only when a row's max jumps that far past the frame (rarely after a
+ * row's first tile), not each time it grows. A frame of -inf (no key yet) moves to any x_max;
+ * an x_max of -inf (a masked tile) keeps the frame. Past |frame| 2^28, frame + kFrameSlack
+ * rounds to frame and the slack is 0 (moving up is always safe).
  */
 constexpr float kFrameSlack = 8.f;
 __device__ __forceinline__ float NextFrame(float frame, float x_max) {
   return x_max >= frame + kFrameSlack ? x_max : frame;
 }
-/*! \brief Below this |frame|, s * scale - frame in one FFMA (the product not rounded first) is within 1/16 of x - frame. */
+/*! \brief Below this |frame|, s * scale - frame in one FFMA (the product not rounded first) is within 1/16 of
+ * x - frame wherever P is not 0 (x within a few hundred of the frame). */
 constexpr float kFusedFrameLimit = 0x1p20f;
 
 // ---------------------------------------------------------------------------- the kernel
@@ -335,7 +338,8 @@ struct Shape {
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 224;
   static_assert(kConsumers == 2 || (kConsumers == 3 && !kPaged), "three consumers: ragged only");
   // setmaxnreg moves registers within what the CTA got at launch, kThreads x the launch bound's
-  // share (65536 / kThreads in steps of 8): a warpgroup asking for more waits forever.
+  // share (one CTA an SM: 65536 / kThreads in steps of 8): a warpgroup asking for more waits
+  // forever.
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8),
                 "registers of a CTA");
   static_assert(kBlockM >= pa::kBlockM, "pa::MaxWork counts items of pa::kBlockM rows: larger ones fit");
@@ -655,7 +659,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
   const int consumer = threadIdx.x / 128 - 1;
   const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const int wrow = consumer * 64 + warp * 16;  // the warp's first row in the tile
-  // Per lane: rows wrow + lane / 4 (h = 0) and + 8 (h = 1): running max m (log2 units), sum l, O
+  // Per lane: rows wrow + lane / 4 (h = 0) and + 8 (h = 1): frame m (log2 units, NextFrame), sum l, O
   // (o[4 n + c]: columns 8 n + 2 (lane % 4) + c % 2 of row h = c / 2, the wgmma accumulator layout).
   float m[2], l[2];
   float o[D / 2];
@@ -701,7 +705,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     }
   };
   // Masks, logits, the running max and sum of the unit's tile kt (in stage); s becomes P
-  // (unnormalized, in the new max's frame) and rescale the factor that moves O to that frame.
+  // (unnormalized, in the row's frame) and rescale the factor that moves O to that frame.
   auto softmax = [&](int kt, int stage, float (&rescale)[2]) {
     const Unit& u = *unit;
     const int key0 = u.lo + kt * kBlockN, hi = u.hi;
@@ -785,8 +789,9 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     }
     // P = 2^(s * scale - frame) in one FFMA and an exp2. The FFMA does not round the product,
     // so P may differ from 2^(x - frame) by x's rounding error, half an ulp: a factor of 2^(1/16)
-    // at most below kFusedFrameLimit. Past it (absurd logits, where half an ulp could overflow
-    // exp2) x is rounded first, as in the mma.sync kernel.
+    // at most below kFusedFrameLimit. Past it (absurd logits) x is rounded first, as in the
+    // mma.sync kernel: half an ulp reaches 8 at 2^27 (16-bit P would overflow) and 128 at 2^31
+    // (exp2 would).
     if (fabsf(m_use[0]) < kFusedFrameLimit && fabsf(m_use[1]) < kFusedFrameLimit) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) {

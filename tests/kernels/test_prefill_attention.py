@@ -231,9 +231,10 @@ def check_logit_ranges(device, dtype, head_dim):
     - rising by about 2.5 (natural log) per 128 keys in request 0 and 10 in request 1: a row's
       max then grows after its first tile by less and by more than the Hopper kernel's frame
       slack (2^8), which decides whether O is rescaled;
-    - huge (2^33): each query copies one key whose entries are +-2^15, so that its logit is
-      exact in float32 and alone (others are 40 * 2^27 below). An FFMA of the unrounded
-      s * scale - frame is off by up to 512 (log2 units) there and would overflow exp2."""
+    - huge (2^33 and up): each query copies one key whose entries are +-2^15, so that its
+      logit is exact in float32 and alone (others typically 40 * 2^27 below). An FFMA of the
+      unrounded s * scale - frame is off by up to 512 (log2 units; 1024 at head_dim 128) there
+      and would overflow exp2 (the Hopper kernel rounds first past 2^20)."""
     gen = gen_for("logit ranges", device, dtype, head_dim)
     lens_q, lens_k = [300, 200], [700, 600]
     heads = (8, 2)
@@ -250,7 +251,8 @@ def check_logit_ranges(device, dtype, head_dim):
 
     signs = torch.randint(0, 2, k.shape, generator=gen).float() * 2 - 1
     k_huge = signs * 2.0 ** 15
-    # Query j of request i copies key 7 * j + 3 of the same KV head (visible to it when causal).
+    # Query j of request i copies key 7 * j mod (len_k - 300) + 3 of the same KV head (visible to
+    # it when causal).
     starts = case.cu_seqlens_k.tolist()
     copied = torch.cat([torch.arange(n) * 7 % (m - 300) + 3 + s for n, m, s in zip(lens_q, lens_k, starts)])
     q_huge = k_huge[copied].repeat_interleave(heads[0] // heads[1], dim=1)
@@ -259,14 +261,14 @@ def check_logit_ranges(device, dtype, head_dim):
     run_ragged(huge, dtype, "huge")  # the reference: each query's output is its one key's V row
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_cpu_logit_ranges(dtype, head_dim):
     check_logit_ranges("cpu", dtype, head_dim)
 
 
 @cuda_only
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
 def test_cuda_logit_ranges(dtype, head_dim):
     check_logit_ranges("cuda", dtype, head_dim)
