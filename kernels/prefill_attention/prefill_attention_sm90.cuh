@@ -764,13 +764,22 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
       for (int i = 0; i < kBlockN / 2; ++i) s[i] = tanhf(s[i] * p.q_scale) * p.logit_scale;
       sc = 1.f;
     }
-    if (masked) {  // after the cap: tanh(-inf) would be -1
+    // After the cap (tanh(-inf) would be -1). Three loops, so that a logit costs only the
+    // compares it needs: a lookup (custom mask, bad block id), both ends of the range (a
+    // window), or its upper end (causal, or a request's last partial tile).
+    auto mask_where = [&](auto drop) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) {
-        const int n = i / 4, c = i % 4, h = c / 2, col = 8 * n + (c & 1);
-        const bool keep = per_key ? (keep_bits[h] >> (2 * n + (c & 1))) & 1u : col >= first[h] && col <= last[h];
-        if (!keep) s[i] = -INFINITY;
+        const int n = i / 4, c = i % 4;
+        if (drop(c / 2, 8 * n + (c & 1), 2 * n + (c & 1))) s[i] = -INFINITY;
       }
+    };
+    if (masked && per_key) {
+      mask_where([&](int h, int, int bit) { return ((keep_bits[h] >> bit) & 1u) == 0; });
+    } else if (masked && p.window > 0) {
+      mask_where([&](int h, int col, int) { return col < first[h] || col > last[h]; });
+    } else if (masked) {
+      mask_where([&](int h, int col, int) { return col > last[h]; });
     }
     // The max over s (scale > 0: the max of x = s * scale is the max of s times scale).
     float row_max[2] = {-INFINITY, -INFINITY};
