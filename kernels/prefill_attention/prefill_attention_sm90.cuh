@@ -656,7 +656,10 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
 
   // -------------------------------------------------------------- consumer warpgroups
   registers_increase<Tile::kConsumerRegs>();
-  const int consumer = threadIdx.x / 128 - 1;
+  // Through a shuffle, so that the compiler knows it to be warp-uniform: the Q descriptors built
+  // from it then live in uniform registers (otherwise each product's descriptor is computed in
+  // ordinary registers and moved over, 5 instructions per wgmma).
+  const int consumer = __shfl_sync(device::kFullMask, static_cast<int>(threadIdx.x / 128), 0) - 1;
   const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const int wrow = consumer * 64 + warp * 16;  // the warp's first row in the tile
   // Per lane: rows wrow + lane / 4 (h = 0) and + 8 (h = 1): frame m (log2 units, NextFrame), sum l, O
@@ -664,7 +667,10 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
   float m[2], l[2];
   float o[D / 2];
   int pos[2];
-  int warp_pos_min = 0, warp_pos_max = 0, g = 0;  // g: tiles this CTA has consumed (stage g % kStages)
+  int g = 0;  // tiles this CTA has consumed (stage g % kStages)
+  // The unit's tiles [unmasked_lo, unmasked_hi) need no mask for any of the warp's 16 rows (set
+  // once a unit, so that a tile costs two compares to classify).
+  int unmasked_lo = 0, unmasked_hi = 0;
   int64_t mask_base = 0;
   const Unit* unit = nullptr;  // the unit being run, in shared memory
   float s[kBlockN / 2];                 // S of the current tile, then its P (float)
@@ -704,25 +710,12 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
       for (int e = 0; e < 4; ++e) pv[kk][e] = device::pack2<T>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
     }
   };
-  // Masks, logits, the running max and sum of the unit's tile kt (in stage); s becomes P
-  // (unnormalized, in the row's frame) and rescale the factor that moves O to that frame.
-  auto softmax = [&](int kt, int stage, float (&rescale)[2]) {
+  // Masks and the soft cap of the unit's tile kt (in stage), applied to s in place. Few tiles
+  // need it (a row's edge tiles, or calls with a cap or a custom mask): the softmax calls it
+  // out of its common path.
+  auto cap_and_mask = [&](int kt, int stage, bool masked, bool bad_block) {
     const Unit& u = *unit;
     const int key0 = u.lo + kt * kBlockN, hi = u.hi;
-    // Per-key masks only in tiles that cross an edge for the warp's rows (as the mma.sync kernel).
-    // A whole tile with a key flag of 0 met a bad block id (paged only: the flags travel with
-    // the stage, so no flag shared across stages is read while the producer writes it).
-    bool bad_block = false;
-    if constexpr (kPaged) {
-      const uint4* flags = reinterpret_cast<const uint4*>(key_ok + stage * kBlockN);
-#pragma unroll
-      for (int i = 0; i < kBlockN / 16; ++i) {
-        const uint4 f = flags[i];
-        bad_block = bad_block || (f.x & f.y & f.z & f.w) != 0x01010101u;
-      }
-    }
-    const bool masked = use_mask || key0 + kBlockN > hi || bad_block ||
-                        (upper && key0 + kBlockN - 1 > warp_pos_min) || (p.window > 0 && key0 <= warp_pos_max - p.window);
     // A row keeps one range of the tile's keys, [window start, min(its position, end of keys)]:
     // first / last are columns relative to the lane's 2 (lane % 4), two compares a logit. A custom
     // mask or a bad block id (a key flag of 0) makes every key a lookup, into keep_bits.
@@ -758,11 +751,9 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         keep_bits[h] = bits;
       }
     }
-    float sc = p.q_scale;
     if (p.soft_cap) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) s[i] = tanhf(s[i] * p.q_scale) * p.logit_scale;
-      sc = 1.f;
     }
     // After the cap (tanh(-inf) would be -1). Three loops, so that a logit costs only the
     // compares it needs: a lookup (custom mask, bad block id), both ends of the range (a
@@ -781,6 +772,25 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     } else if (masked) {
       mask_where([&](int h, int col, int) { return col > last[h]; });
     }
+  };
+  // The logits of the unit's tile kt (in stage), the running max and sum; s becomes P
+  // (unnormalized, in the row's frame) and rescale the factor that moves O to that frame.
+  auto softmax = [&](int kt, int stage, float (&rescale)[2]) {
+    // Per-key masks only in tiles that are not whole for the warp's rows (as the mma.sync
+    // kernel). A whole tile with a key flag of 0 met a bad block id (paged only: the flags
+    // travel with the stage, so no flag shared across stages is read while the producer writes it).
+    bool bad_block = false;
+    if constexpr (kPaged) {
+      const uint4* flags = reinterpret_cast<const uint4*>(key_ok + stage * kBlockN);
+#pragma unroll
+      for (int i = 0; i < kBlockN / 16; ++i) {
+        const uint4 f = flags[i];
+        bad_block = bad_block || (f.x & f.y & f.z & f.w) != 0x01010101u;
+      }
+    }
+    const bool masked = use_mask || bad_block || kt < unmasked_lo || kt >= unmasked_hi;
+    if (__builtin_expect(masked || p.soft_cap, 0)) cap_and_mask(kt, stage, masked, bad_block);
+    const float sc = p.soft_cap ? 1.f : p.q_scale;  // the cap leaves scaled logits
     // The max over s (scale > 0: the max of x = s * scale is the max of s times scale).
     float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -801,7 +811,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     // at most below kFusedFrameLimit. Past it (absurd logits) x is rounded first, as in the
     // mma.sync kernel: half an ulp reaches 8 at 2^27 (16-bit P would overflow) and 128 at 2^31
     // (exp2 would).
-    if (fabsf(m_use[0]) < kFusedFrameLimit && fabsf(m_use[1]) < kFusedFrameLimit) {
+    if (__builtin_expect(fabsf(m_use[0]) < kFusedFrameLimit && fabsf(m_use[1]) < kFusedFrameLimit, 1)) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) {
         s[i] = device::exp2_approx(fmaf(s[i], sc, -m_use[i % 4 / 2]));
@@ -841,8 +851,16 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     }
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    warp_pos_min = u.row0 + wrow + u.shift;
-    warp_pos_max = warp_pos_min + 15;
+    {
+      // A tile is whole for the warp (every key visible to all its 16 rows) when it ends by
+      // min(the first row's position + 1, the end of the keys) and, with a window, starts past the
+      // last row's window start. The truncating division leaves no whole tile when limit < lo.
+      const int warp_pos_min = u.row0 + wrow + u.shift, warp_pos_max = warp_pos_min + 15;
+      const int limit = upper ? min(u.hi, warp_pos_min + 1) : u.hi;
+      unmasked_hi = (limit - u.lo) / kBlockN;
+      const int dropped = warp_pos_max - p.window - u.lo;  // keys at or below this offset fall out of the window
+      unmasked_lo = p.window > 0 && dropped >= 0 ? dropped / kBlockN + 1 : 0;
+    }
     if (use_mask) mask_base = ws.mask_offset[u.request];
     if (num_tiles > 0) {
       float rescale[2];
@@ -877,7 +895,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         wgmma_wait<0>();  // O += P V of tile kt - 1
         fence_registers(o);
         mbarrier_arrive(&cta.v_empty[prev]);
-        if (rescale[0] != 1.f || rescale[1] != 1.f) {
+        if (__builtin_expect(rescale[0] != 1.f || rescale[1] != 1.f, 0)) {
 #pragma unroll
           for (int i = 0; i < D / 2; ++i) o[i] *= rescale[i % 4 / 2];
         }
