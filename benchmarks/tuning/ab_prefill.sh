@@ -1,0 +1,57 @@
+#!/bin/bash
+# A/B of prefill-attention kernel variants in one GPU session (compare variants only within one
+# call: lent machines differ by 5-8%). Each variant is a copy of this checkout with some files of
+# kernels/prefill_attention/ replaced; all variants JIT-build in parallel, then
+# bench_prefill_attention.py runs once per variant in the order A B .. .. B A (a palindrome, so a
+# drift of the clock over the call hits every variant alike), repeated --rounds times, and
+# ab_compare.py prints each row's median TFLOP/s per variant and its ratio to A.
+#
+#   benchmarks/tuning/ab_prefill.sh OUTDIR A=- B=dir_b [C=dir_c ...] [-- bench args]
+#
+# A variant's value is a folder whose files replace those of kernels/prefill_attention/ ("-":
+# the checkout as it is). Needs a CUDA GPU, nvcc (CUDA_HOME) and `import tvm_ffi`; set
+# MLLM_KERNEL_CUDA_ARCH_LIST (e.g. 9.0a) to build for one target only.
+# Default bench args: head_dim 64/128/256 x 16x1024, 8x4096, 2x16384 x causal and full, no peers.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+out=$1; shift
+mkdir -p "$out"
+variants=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+  name=${1%%=*}; src=${1#*=}; shift
+  dir=${TMPDIR:-/tmp}/mllm_kernel_ab/$name
+  rm -rf "$dir"; mkdir -p "$dir"
+  cp -r "$repo/mllm_kernel" "$repo/include" "$repo/kernels" "$repo/benchmarks" "$dir/"
+  if [ "$src" != "-" ]; then cp "$src"/* "$dir/kernels/prefill_attention/"; fi
+  variants+=("$name")
+done
+[ "${1:-}" = "--" ] && shift
+bench_args=("$@")
+[ ${#bench_args[@]} -eq 0 ] && bench_args=(--head-dims 64,128,256 --shapes 16x1024,8x4096,2x16384 --causal both
+                                            --fi-head-dims "" --no-sdpa --no-mma)
+export MLLM_KERNEL_CACHE_DIR=${MLLM_KERNEL_CACHE_DIR:-${TMPDIR:-/tmp}/mllm_kernel_ab_cache} PYTHONUNBUFFERED=1
+
+start=$(date +%s)
+for v in "${variants[@]}"; do
+  (cd "${TMPDIR:-/tmp}/mllm_kernel_ab/$v" && python3 -c "
+import sys; sys.path.insert(0, '.')
+import mllm_kernel.kernels as kernels
+specs = kernels.package('prefill_attention').SPECS
+for spec in (specs.values() if isinstance(specs, dict) else specs): spec.build()
+" > "$out/build_$v.log" 2>&1 || echo "build of $v failed: $out/build_$v.log") &
+done
+wait
+echo "built ${variants[*]} in $(( $(date +%s) - start )) s"
+
+order=("${variants[@]}")
+for (( i=${#variants[@]}-1; i>=0; i-- )); do order+=("${variants[$i]}"); done
+for (( r=0; r<${ROUNDS:-1}; r++ )); do
+  for v in "${order[@]}"; do
+    n=$(ls "$out" | grep -c "^p_${v}[0-9]*\.json$" || true)
+    (cd "${TMPDIR:-/tmp}/mllm_kernel_ab/$v" &&
+     python3 benchmarks/bench_prefill_attention.py "${bench_args[@]}" --json "$out/p_$v$n.json" > "$out/p_$v$n.log" 2>&1) ||
+      echo "bench of $v failed: $out/p_$v$n.log"
+  done
+done
+echo "benchmarks done in $(( $(date +%s) - start )) s"
+python3 "$repo/benchmarks/tuning/ab_compare.py" "$out" | tee "$out/compare.txt"
