@@ -76,13 +76,19 @@ def matmul_tflops() -> float:
     return 2 * 8192**3 / ms / 1e9
 
 
-def bench_row(batch, seq, head_dim, causal, args) -> dict:
+def make_inputs(batch: int, seq: int, head_dim: int):
+    """q, k, v (ragged, bf16, H / KH heads) and cu_seqlens of `batch` requests of `seq` tokens each."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     tokens = batch * seq
     q = torch.randn(tokens, H, head_dim, dtype=DTYPE, device="cuda", generator=gen)
     k = torch.randn(tokens, KH, head_dim, dtype=DTYPE, device="cuda", generator=gen)
     v = torch.randn(tokens, KH, head_dim, dtype=DTYPE, device="cuda", generator=gen)
     cu = torch.arange(0, tokens + 1, seq, dtype=torch.int32, device="cuda")
+    return q, k, v, cu
+
+
+def bench_row(batch, seq, head_dim, causal, args) -> dict:
+    q, k, v, cu = make_inputs(batch, seq, head_dim)
     flops = 4 * batch * seq * seq * head_dim * H / (2 if causal else 1)
     row = {"batch": batch, "seq": seq, "head_dim": head_dim, "causal": causal}
     out = torch.empty_like(q)

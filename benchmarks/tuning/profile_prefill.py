@@ -18,21 +18,14 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-H, KH, DTYPE = 32, 8, torch.bfloat16
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_prefill_attention import DTYPE, H, KH, make_inputs  # noqa: E402 (also puts the checkout first)
 
 
 def main(impl: str, head_dim: int, mask: str, shape: str) -> None:
     batch, seq = (int(x) for x in shape.split("x"))
     causal = {"causal": True, "full": False}[mask]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    tokens = batch * seq
-    q = torch.randn(tokens, H, head_dim, dtype=DTYPE, device="cuda", generator=gen)
-    k = torch.randn(tokens, KH, head_dim, dtype=DTYPE, device="cuda", generator=gen)
-    v = torch.randn(tokens, KH, head_dim, dtype=DTYPE, device="cuda", generator=gen)
-    cu = torch.arange(0, tokens + 1, seq, dtype=torch.int32, device="cuda")
+    q, k, v, cu = make_inputs(batch, seq, head_dim)
     out = torch.empty_like(q)
     if impl == "ours":
         from mllm_kernel.kernels.prefill_attention import prefill_attention
