@@ -18,7 +18,9 @@
  *    operands (wgmma m64nkBlockNk16), the online softmax in registers, O += P V with P from
  *    registers and V transposed by the descriptor. O += P V of tile kt - 1 is issued with S of
  *    tile kt and runs during its softmax; the consumers take turns issuing (named barriers, a
- *    ring), so one's products overlap the others' softmax.
+ *    ring), so one's products overlap the others' softmax. That softmax is the critical path
+ *    (ncu: it outlasts its own P V), so its common case, a tile whole for the warp's rows without
+ *    a soft cap, takes a single branch past the masking code.
  * setmaxnreg moves registers from the producer to the consumers.
  *
  * Shared-memory tiles use the 128-byte swizzle that wgmma descriptors name: a [rows, D] tile is
