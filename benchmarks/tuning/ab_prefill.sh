@@ -10,7 +10,8 @@
 #
 # A variant's value is a folder whose files replace those of kernels/prefill_attention/ ("-":
 # the checkout as it is). Needs a CUDA GPU, nvcc (CUDA_HOME) and `import tvm_ffi`; set
-# MLLM_KERNEL_CUDA_ARCH_LIST (e.g. 9.0a) to build for one target only.
+# MLLM_KERNEL_CUDA_ARCH_LIST (e.g. 9.0a) to build for one target only. ROUNDS=n repeats the
+# palindrome. On the lent GPU machine, tar OUTDIR into $OUT: only a few files come back from it.
 # Default bench args: head_dim 64/128/256 x 16x1024, 8x4096, 2x16384 x causal and full, no peers.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
