@@ -726,6 +726,9 @@ void Prefill(const prefill_attention::PrefillArgs& a, PrefillParams<T>& p) {
                    " must be 16-byte aligned (data pointer and stride ", a.k_stride, ") on CUDA");
   host::ValueCheck(aligned(p.v, a.v_stride), op, a.paged ? ": v_cache" : ": v",
                    " must be 16-byte aligned (data pointer and stride ", a.v_stride, ") on CUDA");
+  // The Hopper kernel stores out 16 bytes at a time (rows are D * 2 bytes apart, a multiple of 16).
+  host::ValueCheck(reinterpret_cast<uintptr_t>(p.out) % 16 == 0, op, ": out must be 16-byte aligned on CUDA (its data ",
+                   "pointer is ", reinterpret_cast<uintptr_t>(p.out) % 16, " bytes past a 16-byte boundary)");
   p.q_stride = a.q_stride;
   p.k_stride = a.k_stride;
   p.v_stride = a.v_stride;

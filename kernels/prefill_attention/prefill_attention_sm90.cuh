@@ -925,15 +925,44 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
       sum += __shfl_xor_sync(device::kFullMask, sum, 1);
       sum += __shfl_xor_sync(device::kFullMask, sum, 2);
       const int r = wrow + lane / 4 + 8 * h;
-      if (r >= u.rows) continue;
       const int64_t token = u.req.q_start + u.row0 + r;
       const float inv = sum == 0.f ? 0.f : 1.f / sum;  // no key: 0 and -inf
-      T* dst = p.out + (token * p.num_heads + u.head) * D + (lane % 4) * 2;
+      T* dst = p.out + (token * p.num_heads + u.head) * D + (lane % 4) * 8;
+      // Lane q of a row's quad holds word (n, q) of the row (columns 8 n + 2 q, + 1). A 4 x 4
+      // transpose within the quad per 4 words (two exchanges of two words) leaves it words
+      // (4 a + q, 0..3): 16 contiguous bytes, one store instead of four.
+      const bool odd2 = lane & 2, odd1 = lane & 1;
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        *reinterpret_cast<uint32_t*>(dst + n * 8) = device::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+      for (int a = 0; a < D / 32; ++a) {
+        uint32_t x[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int n = 4 * a + k;
+          x[k] = device::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+        }
+        uint32_t t0 = __shfl_xor_sync(device::kFullMask, odd2 ? x[0] : x[2], 2);
+        uint32_t t1 = __shfl_xor_sync(device::kFullMask, odd2 ? x[1] : x[3], 2);
+        if (odd2) {
+          x[0] = t0;
+          x[1] = t1;
+        } else {
+          x[2] = t0;
+          x[3] = t1;
+        }
+        t0 = __shfl_xor_sync(device::kFullMask, odd1 ? x[0] : x[1], 1);
+        t1 = __shfl_xor_sync(device::kFullMask, odd1 ? x[2] : x[3], 1);
+        if (odd1) {
+          x[0] = t0;
+          x[2] = t1;
+        } else {
+          x[1] = t0;
+          x[3] = t1;
+        }
+        if (r < u.rows) *reinterpret_cast<uint4*>(dst + a * 32) = make_uint4(x[0], x[1], x[2], x[3]);
       }
-      if (lane % 4 == 0) p.lse[token * p.num_heads + u.head] = sum == 0.f ? -INFINITY : (m[h] + log2f(sum)) * pa::kLn2;
+      if (r < u.rows && lane % 4 == 0) {
+        p.lse[token * p.num_heads + u.head] = sum == 0.f ? -INFINITY : (m[h] + log2f(sum)) * pa::kLn2;
+      }
     }
   }
   if (consumer == 0) wait_turn();  // the last consumer's last pass

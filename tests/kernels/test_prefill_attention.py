@@ -433,6 +433,18 @@ def test_bad_inputs_raise(device):
             prefill_attention(*args)
 
 
+@cuda_only
+def test_cuda_misaligned_out_raises():
+    # The kernels store 16 bytes at a time: an out= view 2 bytes past an allocation's start is refused
+    # by name (it was a misaligned-address fault, which ends the CUDA context), and the call after it works.
+    case = make_ragged_case([3, 5], [4, 5], 8, 2, 64, torch.bfloat16, "cuda")
+    q = case.args()[0]
+    out = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape)
+    with pytest.raises(ValueError, match="out must be 16-byte aligned"):
+        prefill_attention(*case.args(), out=out)
+    assert torch.isfinite(prefill_attention(*case.args())).all()
+
+
 @pytest.mark.parametrize("bad", ["start", "decreasing", "past_end", "short"])
 def test_cpu_bad_cu_seqlens(bad):
     case = make_ragged_case([3, 5], [4, 5], 8, 2, 64)
