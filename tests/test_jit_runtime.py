@@ -863,5 +863,87 @@ def test_cuda_module_builds_and_runs(tmp_path, monkeypatch, capfd):
     torch.testing.assert_close(out, x + 11)
 
 
+# Two wgmma products in flight and the first's accumulator read before the wait: ptxas makes every
+# wgmma wait for the one before (C7514). With READ_AFTER_WAIT the read follows the wait (clean).
+WGMMA_KERNEL = """\
+#include <cstdint>
+#include <tvm/ffi/container/tensor.h>
+
+namespace demo {
+#define DEMO_WGMMA(d, a, b)                                                                         \\
+  asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 0, 0;\\n" \\
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(a), "l"(b))
+__global__ void two_products(float* out, uint64_t a, uint64_t b, int n) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int i = 0; i < n; ++i) {
+    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
+    DEMO_WGMMA(d, a, b);
+    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
+    DEMO_WGMMA(e, a + i, b);
+    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
+#ifndef READ_AFTER_WAIT
+    out[threadIdx.x + i] = d[0];
+#endif
+    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
+#ifdef READ_AFTER_WAIT
+    out[threadIdx.x + i] = d[0];
+#endif
+  }
+  out[threadIdx.x + 128] = d[1] + d[2] + d[3] + e[0] + e[1] + e[2] + e[3];
+#endif
+}
+
+inline void launch(tvm::ffi::TensorView out) {  // never run by the test: the build is what it checks
+  two_products<<<1, 128>>>(static_cast<float*>(out.data_ptr()), 0, 0, 1);
+}
+}  // namespace demo
+"""
+
+
+def test_serialized_wgmma_reports_are_parsed():
+    line = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+            "non wgmma instructions reading accumulator registers of  a wgmma between start and end of the pipeline "
+            "stage in the function '_Z3fooPf'\n")
+    other = "ptxas info    : (C7519) warpgroup.arrive is injected in around line 9 by compiler in function '_Z3fooPf'\n"
+    from mllm_kernel.jit_utils.compile import serialized_wgmma
+
+    assert serialized_wgmma(other + line + line) == [
+        "C7514 _Z3fooPf: due to non wgmma instructions reading accumulator registers of  a wgmma between start and "
+        "end of the pipeline stage"]
+    assert serialized_wgmma(other) == []
+
+
+@pytest.mark.parametrize("read_after_wait", [False, True])
+def test_serialized_wgmma_fails_ahead_of_time_builds(tmp_path, read_after_wait, capfd):
+    # A prebuilt (ahead-of-time) module must not ship a kernel whose wgmma ptxas serialized: that
+    # build fails, naming the code and the function; a JIT build warns and goes on.
+    try:
+        config.nvcc_compiler()
+    except FileNotFoundError:
+        pytest.skip("no nvcc")
+    (tmp_path / "wgmma.cuh").write_text(WGMMA_KERNEL)
+    spec = make_spec("demo_wgmma", "cuda", (), cuda_files=[str(tmp_path / "wgmma.cuh")],
+                     cuda_wrappers=[("launch", "demo::launch")],
+                     extra_cuda_cflags=["-DREAD_AFTER_WAIT"] if read_after_wait else [])
+    archs = parse_cuda_arch_list("9.0a")
+    try:
+        if read_after_wait:
+            spec.build(spec.location(root=tmp_path / "aot", archs=archs), serialized_wgmma="error")
+            assert "serialized" not in capfd.readouterr().err
+            return
+        with pytest.raises(RuntimeError, match=r"ptxas serialized the wgmma pipeline[\s\S]*C7514 \S*two_products"):
+            spec.build(spec.location(root=tmp_path / "aot", archs=archs), serialized_wgmma="error")
+        assert not (tmp_path / "aot").exists() or not any((tmp_path / "aot").rglob("*.so"))
+        spec.build(spec.location(root=tmp_path / "jit", archs=archs))
+    except RuntimeError as error:
+        if "rsqrt" in str(error) and "exception specification" in str(error):
+            pytest.skip("this nvcc cannot compile against the host glibc (rsqrt declaration clash)")
+        raise
+    err = capfd.readouterr().err
+    assert "C7514" in err and "the module was built anyway" in err
+    assert any((tmp_path / "jit").rglob("*.so"))
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-v"]))

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             if spec.device == "cuda" and not archs:
                 raise SystemExit(f"aot: {spec.display_name} is a CUDA module but --archs is empty")
             location = spec.location(root=args.out.resolve(), archs=archs if spec.device == "cuda" else ())
-            spec.build(location)
+            spec.build(location, serialized_wgmma="error")
             entries.append(prebuilt.manifest_entry(spec, location))
             commands += source_commands(spec, location, base)
     prebuilt.write_manifest(args.out, entries)

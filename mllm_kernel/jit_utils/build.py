@@ -49,12 +49,14 @@ def _move_aside(location: ModuleLocation, problem: str) -> None:
     )
 
 
-def build(spec: JitSpec, location: ModuleLocation | None = None) -> Path:
+def build(spec: JitSpec, location: ModuleLocation | None = None, *, serialized_wgmma: str = "warn") -> Path:
     """Compile into the cache (or a prebuilt tree) unless an intact module is there already;
-    return the module path.
+    return the module path. serialized_wgmma: "error" or "warn" (check_wgmma_pipeline).
 
     Safe against concurrent builders (flock + double check) and against builders that die
     midway (private temp dir, atomic rename)."""
+    if serialized_wgmma not in ("error", "warn"):
+        raise ValueError(f"mllm_kernel: serialized_wgmma must be 'error' or 'warn', got {serialized_wgmma!r}")
     location = location or spec.location()
     if cache_problem(location) is None:
         return location.module_path
@@ -69,7 +71,7 @@ def build(spec: JitSpec, location: ModuleLocation | None = None) -> Path:
         cache.remove_abandoned_temp_dirs(parent, tag)
         temp_dir = cache.make_temp_dir(parent, tag)
         try:
-            _compile_into(spec, temp_dir, location)
+            _compile_into(spec, temp_dir, location, serialized_wgmma)
             integrity.write_record(temp_dir / MODULE_FILE)
             cache.publish_dir(temp_dir, location.module_dir)
         except BaseException:
@@ -132,7 +134,21 @@ def _wrapper_includes(files: list[str], include_paths: list[Path]) -> list[str]:
     return [str(source) for source in sources]
 
 
-def _compile_into(spec: JitSpec, build_dir: Path, location: ModuleLocation) -> None:
+def check_wgmma_pipeline(spec: JitSpec, outputs: list[str], serialized_wgmma: str) -> None:
+    """ptxas's serialized-wgmma reports in the compile outputs: an error when `serialized_wgmma`
+    is "error" (ahead-of-time builds: a prebuilt module must not ship 25-40% slow), else a
+    warning (a JIT build with another nvcc still gives a correct module)."""
+    reports = [report for output in outputs for report in compile.serialized_wgmma(output)]
+    if not reports:
+        return
+    message = (f"mllm_kernel: {spec.display_name}: ptxas serialized the wgmma pipeline "
+               f"(correct, but slow; benchmarks/TUNING.md):\n  " + "\n  ".join(reports))
+    if serialized_wgmma == "error":
+        raise RuntimeError(message)
+    print(f"{message}\nmllm_kernel: warning: the module was built anyway", file=sys.stderr, flush=True)
+
+
+def _compile_into(spec: JitSpec, build_dir: Path, location: ModuleLocation, serialized_wgmma: str) -> None:
     compilers = spec.compilers()
     cxx = compilers["cxx"]
     nvcc = compilers.get("nvcc")
@@ -172,7 +188,8 @@ def _compile_into(spec: JitSpec, build_dir: Path, location: ModuleLocation) -> N
     print(f"mllm_kernel: compiling {spec.display_name} ...", file=sys.stderr, flush=True)
     start = time.monotonic()
     try:
-        compile.run_build(compile_commands, link_command, spec.display_name, build_dir)
+        outputs = compile.run_build(compile_commands, link_command, spec.display_name, build_dir)
+        check_wgmma_pipeline(spec, outputs, serialized_wgmma)
     except BaseException:
         elapsed = time.monotonic() - start
         print(f"mllm_kernel: building {spec.display_name} failed after {elapsed:.1f}s", file=sys.stderr, flush=True)

@@ -192,7 +192,8 @@ def cuda_toolkit_includes(nvcc: str) -> tuple[Path, ...]:
     return ()
 
 
-def _run(command: list[str], module_name: str, cwd: Path) -> None:
+def _run(command: list[str], module_name: str, cwd: Path) -> str:
+    """Run one compiler command; return what it printed (stderr, then stdout)."""
     if config.is_verbose():
         print(f"mllm_kernel: [{module_name}] {shlex.join(command)}", file=sys.stderr, flush=True)
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
@@ -204,13 +205,32 @@ def _run(command: list[str], module_name: str, cwd: Path) -> None:
         )
     if config.is_verbose() and (result.stderr or result.stdout):
         print(result.stderr + result.stdout, file=sys.stderr, end="", flush=True)
+    return result.stderr + result.stdout
 
 
-def run_build(compile_commands: Sequence[list[str]], link_command: list[str], module_name: str, cwd: Path) -> None:
-    """Compile the translation units in parallel, then link."""
+def run_build(compile_commands: Sequence[list[str]], link_command: list[str], module_name: str, cwd: Path) -> list[str]:
+    """Compile the translation units in parallel, then link; return each compile's output."""
     workers = max(1, min(len(compile_commands), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(_run, command, module_name, cwd) for command in compile_commands]
-        for future in futures:
-            future.result()  # re-raise the first failure
+        outputs = [future.result() for future in futures]  # re-raises the first failure
     _run(link_command, module_name, cwd)
+    return outputs
+
+
+# ptxas says so (an "info" line, printed without -v) when it had to make every wgmma of a kernel
+# wait for the one before: the code stays correct and runs 25-40% slower (benchmarks/TUNING.md,
+# "ptxas and the wgmma pipeline"). C7511/C7512: too few registers; C7514/C7515: a non-wgmma
+# instruction reads / writes an accumulator while a product may be in flight.
+_SERIALIZED_WGMMA = re.compile(
+    r"\((C75\d\d)\) Potential Performance Loss: wgmma\.mma_async instructions are serialized (.*?)"
+    r" in the function '([^']+)'"
+)
+
+
+def serialized_wgmma(output: str) -> list[str]:
+    """ptxas's reports of serialized wgmma in a compiler's output, one "CODE function: reason"
+    line each (each function once per code)."""
+    reports = dict.fromkeys(f"{code} {function}: {reason.strip()}"
+                            for code, reason, function in _SERIALIZED_WGMMA.findall(output))
+    return list(reports)

@@ -246,11 +246,12 @@ class JitSpec:
 
     # ------------------------------------------------------------------ build and load (build.py)
 
-    def build(self, location: ModuleLocation | None = None) -> Path:
-        """Compile into the cache (or `location`) unless a verified module is there already."""
+    def build(self, location: ModuleLocation | None = None, *, serialized_wgmma: str = "warn") -> Path:
+        """Compile into the cache (or `location`) unless a verified module is there already.
+        serialized_wgmma "error": fail where ptxas serialized a kernel's wgmma (else a warning)."""
         from . import build
 
-        return build.build(self, location)
+        return build.build(self, location, serialized_wgmma=serialized_wgmma)
 
     def load(self) -> Any:
         """The loaded tvm_ffi Module: prebuilt, else JIT-cached, else compiled (see build.load)."""
