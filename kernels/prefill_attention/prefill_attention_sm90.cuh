@@ -66,6 +66,28 @@ __device__ __forceinline__ uint64_t sw128_descriptor(const void* p, uint32_t lbo
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
 }
 
+/*!
+ * \brief Transposes the 4 x 4 words that the 4 lanes of a quad hold (lane q: row q, word k: column
+ * k): lane q ends with column q. Two steps (s = 2, then 1) swap the off-diagonal halves: for each
+ * pair of words k, k | s, a lane whose bit s is set gives and takes word k, the other word k | s.
+ */
+__device__ __forceinline__ void transpose_quad(uint32_t (&x)[4], int lane) {
+#pragma unroll
+  for (int s = 2; s >= 1; s /= 2) {
+    const bool set = lane & s;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (k & s) continue;
+      const uint32_t got = __shfl_xor_sync(device::kFullMask, set ? x[k] : x[k | s], s);
+      if (set) {
+        x[k] = got;
+      } else {
+        x[k | s] = got;
+      }
+    }
+  }
+}
+
 /*! \brief Byte offset of 16-byte chunk \p c of row \p r in a [rows, D] tile (layout above). */
 template <int kRows>
 __device__ __forceinline__ int sw128_offset(int r, int c) {
@@ -929,9 +951,8 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
       const float inv = sum == 0.f ? 0.f : 1.f / sum;  // no key: 0 and -inf
       T* dst = p.out + (token * p.num_heads + u.head) * D + (lane % 4) * 8;
       // Lane q of a row's quad holds word (n, q) of the row (columns 8 n + 2 q, + 1). A 4 x 4
-      // transpose within the quad per 4 words (two exchanges of two words) leaves it words
-      // (4 a + q, 0..3): 16 contiguous bytes, one store instead of four.
-      const bool odd2 = lane & 2, odd1 = lane & 1;
+      // transpose within the quad per 4 words leaves it words (4 a + q, 0..3): 16 contiguous
+      // bytes, one store instead of four.
 #pragma unroll
       for (int a = 0; a < D / 32; ++a) {
         uint32_t x[4];
@@ -940,24 +961,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           const int n = 4 * a + k;
           x[k] = device::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
         }
-        uint32_t t0 = __shfl_xor_sync(device::kFullMask, odd2 ? x[0] : x[2], 2);
-        uint32_t t1 = __shfl_xor_sync(device::kFullMask, odd2 ? x[1] : x[3], 2);
-        if (odd2) {
-          x[0] = t0;
-          x[1] = t1;
-        } else {
-          x[2] = t0;
-          x[3] = t1;
-        }
-        t0 = __shfl_xor_sync(device::kFullMask, odd1 ? x[0] : x[1], 1);
-        t1 = __shfl_xor_sync(device::kFullMask, odd1 ? x[2] : x[3], 1);
-        if (odd1) {
-          x[0] = t0;
-          x[2] = t1;
-        } else {
-          x[1] = t0;
-          x[3] = t1;
-        }
+        transpose_quad(x, lane);
         if (r < u.rows) *reinterpret_cast<uint4*>(dst + a * 32) = make_uint4(x[0], x[1], x[2], x[3]);
       }
       if (r < u.rows && lane % 4 == 0) {
