@@ -136,7 +136,7 @@ def _wrapper_includes(files: list[str], include_paths: list[Path]) -> list[str]:
 
 def check_wgmma_pipeline(spec: JitSpec, outputs: list[str], serialized_wgmma: str) -> None:
     """ptxas's serialized-wgmma reports in the compile outputs: an error when `serialized_wgmma`
-    is "error" (ahead-of-time builds: a prebuilt module must not ship 25-40% slow), else a
+    is "error" (ahead-of-time builds: a prebuilt module must not ship 20-40% slow), else a
     warning (a JIT build with another nvcc still gives a correct module)."""
     reports = [report for output in outputs for report in compile.serialized_wgmma(output)]
     if not reports:

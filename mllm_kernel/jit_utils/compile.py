@@ -219,7 +219,7 @@ def run_build(compile_commands: Sequence[list[str]], link_command: list[str], mo
 
 
 # ptxas says so (an "info" line, printed without -v) when it had to make every wgmma of a kernel
-# wait for the one before: the code stays correct and runs 25-40% slower (benchmarks/TUNING.md,
+# wait for the one before: the code stays correct and runs 20-40% slower (benchmarks/TUNING.md,
 # "ptxas and the wgmma pipeline"). C7511/C7512: too few registers; C7514/C7515: a non-wgmma
 # instruction reads / writes an accumulator while a product may be in flight.
 _SERIALIZED_WGMMA = re.compile(
