@@ -119,7 +119,7 @@ def bench_row(batch, seq, head_dim, causal, args) -> dict:
             os.environ["MLLM_KERNEL_PREFILL_BACKEND"] = chosen
 
     if flashinfer is not None and head_dim in args.fi_head_dims:
-        for backend in ("fa2", "fa3"):
+        for backend in args.fi_backends:
             try:
                 workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
                 wrapper = BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=backend)
@@ -188,6 +188,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="16x1024,8x4096,2x16384,1x65536")
     p.add_argument("--causal", default="both", choices=("both", "yes", "no"))
     p.add_argument("--fi-head-dims", default="128", help="head dims to run FlashInfer at (its JIT builds are slow)")
+    p.add_argument("--fi-backends", default="fa2,fa3", help="FlashInfer backends to run (each JIT-builds its own modules)")
     p.add_argument("--no-sdpa", action="store_true")
     p.add_argument("--no-mma", action="store_true", help="skip the mma.sync kernel's column")
     p.add_argument("--json", type=Path)
@@ -195,6 +196,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     args.fi_head_dims = [int(x) for x in args.fi_head_dims.split(",") if x]
+    args.fi_backends = [x for x in args.fi_backends.split(",") if x]
     props = torch.cuda.get_device_properties(0)
     args.matmul = matmul_tflops()
     header = [f"GPU: {props.name}; torch {torch.__version__}",

@@ -345,8 +345,10 @@ namespace pa = prefill_attention_detail;
  *    two others are in their softmax (FlashInfer and FlashAttention-3 take 192 rows there too).
  *  - Keys per tile: S is 64 x kBlockN per consumer warpgroup, O 64 x D (at head_dim 256 a consumer
  *    thread holds 128 floats of O, 32 of S and 16 words of P).
- *  - Stages: as many K/V tiles as fit next to Q in the 227 KiB a block may use (head_dim 128: 32
- *    KiB of Q + 3 x 64 KiB; 256: 64 KiB + 2 x 64 KiB).
+ *  - Stages: two K/V tiles in the ring. Ragged head_dim 64 and 128 have room for three next to Q
+ *    in the 227 KiB a block may use, but ran 0.3-2% faster with two (H200, benchmarks/TUNING.md,
+ *    "ring depth"). Paged head_dim 64 and 128 keep three: their cp.async tiles were not measured
+ *    with two.
  *  - Registers: setmaxnreg moves them from the producer to the consumers, within the CTA's. The
  *    paged producer's copy loop needs 56; the ragged one runs in 32 (with three consumers of 160:
  *    152 spilled in the tile loop and ran 25% slower, measured).
@@ -357,7 +359,7 @@ struct Shape {
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockN = D <= 128 ? 128 : 64;
-  static constexpr int kStages = D <= 128 ? 3 : 2;
+  static constexpr int kStages = kPaged && D <= 128 ? 3 : 2;
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 56;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 224;
   static_assert(kConsumers == 2 || (kConsumers == 3 && !kPaged), "three consumers: ragged only");
