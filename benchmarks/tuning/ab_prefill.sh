@@ -20,6 +20,9 @@ mkdir -p "$out"
 variants=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   name=${1%%=*}; src=${1#*=}; shift
+  if ! [[ $name =~ ^[A-Z]$ ]]; then  # ab_compare.py reads p_<letter><run>.json: S2 and S5 would merge
+    echo "ab_prefill.sh: a variant's name is one capital letter, got '$name'" >&2; exit 2
+  fi
   dir=${TMPDIR:-/tmp}/mllm_kernel_ab/$name
   rm -rf "$dir"; mkdir -p "$dir"
   cp -r "$repo/mllm_kernel" "$repo/include" "$repo/kernels" "$repo/benchmarks" "$dir/"
