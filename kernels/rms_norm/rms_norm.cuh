@@ -68,10 +68,11 @@ struct WeightVecs {
 };
 
 // Whether fused_add_rms_norm's thread loads all of its x and residual vectors before it stores
-// any: the latency plans' vector counts (kEarlyWeightVecs), where both fit registers; more spill
-// under the 64-register launch bound, and the many rows of those plans hide the round trips.
+// any: float32 in the latency plans (up to kEarlyWeightVecs vectors, where both fit registers).
+// Measured on an H200 (benchmarks/TUNING.md): float32 0.99-1.19x (geomean 1.09); bfloat16 lost
+// 0-7%, so 16-bit data keep the interleaved loop. More vectors spill under the launch bound.
 template <typename T, int kVecs>
-inline constexpr bool kLoadsFirst = kVecs <= kEarlyWeightVecs<T>;
+inline constexpr bool kLoadsFirst = sizeof(T) == 4 && kVecs <= kEarlyWeightVecs<T>;
 
 // Grids that fit one wave take the vectors a thread whose weights load with the row (2 of 16-bit
 // data, 4 of float32), with as many threads as the row needs: at most 1024 threads an SM, as two
