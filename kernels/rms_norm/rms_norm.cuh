@@ -67,6 +67,13 @@ struct WeightVecs {
   }
 };
 
+// Whether fused_add_rms_norm's thread loads all of its x and residual vectors before it stores
+// any: float32 in the latency plans (up to kEarlyWeightVecs vectors, where both fit registers).
+// Measured on an H200 (benchmarks/TUNING.md): float32 0.99-1.19x (geomean 1.09); bfloat16 lost
+// 0-7%, so 16-bit data keep the interleaved loop. More vectors spill under the launch bound.
+template <typename T, int kVecs>
+inline constexpr bool kLoadsFirst = sizeof(T) == 4 && kVecs <= kEarlyWeightVecs<T>;
+
 // Grids that fit one wave take the vectors a thread whose weights load with the row (2 of 16-bit
 // data, 4 of float32), with as many threads as the row needs: at most 1024 threads an SM, as two
 // 512-thread blocks or four of 256 (measured on an H100: benchmarks/RESULTS.md, "rms_norm,
@@ -127,20 +134,35 @@ __global__ void __launch_bounds__(device::kRowVecMaxThreads, device::kRowVecMinB
     Vec s[kVecs];
     WeightVecs<T, kVecs> wv;
     float sum_sq = 0.0f;
-    device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
-      Vec xv;
-      xv.load(x + row * x_stride, j);
-      s[k].load(residual + row * r_stride, j);
-      wv.prefetch(w, k, j);
+    auto add = [&](int k, int j, const Vec& xk) {
 #pragma unroll
       for (int i = 0; i < N; ++i) {
         // Round first: the norm is of the residual as stored.
-        s[k][i] = device::from_float<T>(device::to_float(xv[i]) + device::to_float(s[k][i]));
+        s[k][i] = device::from_float<T>(device::to_float(xk[i]) + device::to_float(s[k][i]));
         const float f = device::to_float(s[k][i]);
         sum_sq += f * f;
       }
       s[k].store(residual + row * r_stride, j);
-    });
+    };
+    if constexpr (kLoadsFirst<T, kVecs>) {
+      // Every load before the first store: with vector k's store in between, the compiler
+      // keeps vector k + 1's loads behind it, a memory round trip per vector (SASS).
+      Vec xv[kVecs];
+      device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
+        xv[k].load(x + row * x_stride, j);
+        s[k].load(residual + row * r_stride, j);
+        wv.prefetch(w, k, j);
+      });
+      device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) { add(k, j, xv[k]); });
+    } else {
+      device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
+        Vec xk;
+        xk.load(x + row * x_stride, j);
+        s[k].load(residual + row * r_stride, j);
+        wv.prefetch(w, k, j);
+        add(k, j, xk);
+      });
+    }
     const float inv = InvRms(device::row_reduce<false>(sum_sq), d, eps);
     device::for_each_row_vec<kVecs>(nvec, active, [&](int k, int j) {
       const Vec& wk = wv.get(w, k, j);
