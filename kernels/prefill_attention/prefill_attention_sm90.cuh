@@ -345,21 +345,22 @@ namespace pa = prefill_attention_detail;
  *    two others are in their softmax (FlashInfer and FlashAttention-3 take 192 rows there too).
  *  - Keys per tile: S is 64 x kBlockN per consumer warpgroup, O 64 x D (at head_dim 256 a consumer
  *    thread holds 128 floats of O, 32 of S and 16 words of P).
- *  - Stages: two K/V tiles in the ring. Ragged head_dim 64 and 128 have room for three next to Q
- *    in the 227 KiB a block may use, but ran 0.3-2% faster with two (H200, benchmarks/TUNING.md,
- *    "ring depth"). Paged head_dim 64 and 128 keep three: their cp.async tiles were not measured
- *    with two.
+ *  - Stages: two K/V tiles in the ring. Head_dim 64 and 128 have room for three next to Q in the
+ *    227 KiB a block may use, but ran faster with two (H200, benchmarks/TUNING.md, "ring depth"):
+ *    ragged 0.3-2%, paged 4-16% at page sizes 64-256 and up to 9% at 1 and 8; page size 16 lost 2%.
  *  - Registers: setmaxnreg moves them from the producer to the consumers, within the CTA's. The
  *    paged producer's copy loop needs 56; the ragged one runs in 32 (with three consumers of 160:
  *    152 spilled in the tile loop and ran 25% slower, measured).
  */
+constexpr int kRingStages = 2;  // K/V tiles in the ring (Shape's comment says why two)
+
 template <int D, bool kPaged, int kConsumers_ = 2>
 struct Shape {
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockN = D <= 128 ? 128 : 64;
-  static constexpr int kStages = kPaged && D <= 128 ? 3 : 2;
+  static constexpr int kStages = kRingStages;
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 56;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 224;
   static_assert(kConsumers == 2 || (kConsumers == 3 && !kPaged), "three consumers: ragged only");
@@ -370,7 +371,6 @@ struct Shape {
                 "registers of a CTA");
   static_assert(kBlockM >= pa::kBlockM, "pa::MaxWork counts items of pa::kBlockM rows: larger ones fit");
 };
-constexpr int kMaxStages = 3;
 constexpr int kProducerBarrier = 8;  // named barrier of the producer warpgroup (1 + consumer: the turns)
 
 /*! \brief Dynamic shared memory: Q, the K/V ring, key flags; plus slack to align the tiles to 1024 bytes. */
@@ -395,13 +395,13 @@ struct Unit {
  * to handed[j % 2] for the consumers with its Q (q_full) once they are done with unit j - 1's Q
  * (q_empty). The units stay in shared memory, read where needed, rather than in registers.
  */
-struct CtaState {  // the first Shape::kStages of each ring are used
+struct CtaState {
   uint64_t q_full;                // thread 64: the unit handed on and, when it has keys, its Q landed
   uint64_t q_empty;               // every consumer thread: the unit's last S = Q K^T is done
-  uint64_t k_full[kMaxStages];    // its 64 K loaders: the stage's K tile (and key flags) landed
-  uint64_t v_full[kMaxStages];    // its 64 V loaders: the stage's V tile landed
-  uint64_t k_empty[kMaxStages];   // every consumer thread: done with the stage's K tile
-  uint64_t v_empty[kMaxStages];   // ... and with its V tile
+  uint64_t k_full[kRingStages];   // its 64 K loaders: the stage's K tile (and key flags) landed
+  uint64_t v_full[kRingStages];   // its 64 V loaders: the stage's V tile landed
+  uint64_t k_empty[kRingStages];  // every consumer thread: done with the stage's K tile
+  uint64_t v_empty[kRingStages];  // ... and with its V tile
   Unit unit[2];
   Unit handed[2];
 };
