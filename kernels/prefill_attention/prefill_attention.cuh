@@ -686,10 +686,7 @@ void LaunchSm90(PrefillParams<T> p, DLDevice device) {
 template <typename T, int D, bool kPaged>
 void LaunchPrefill(PrefillParams<T> p, DLDevice device) {
   const std::string_view backend = PrefillBackend();
-  // Automatically, paged caches whose pages the Hopper kernel cannot copy by TMA (block size 1,
-  // odd sizes) stay on the mma.sync kernel, which copies them faster.
-  if (backend != "fa2" && HasSm90<T, D, kPaged>(device.device_id, backend) &&
-      (!kPaged || backend == "sm90" || prefill_attention_sm90::PagedBoxRows<D>(p.block_size.d) > 0)) {
+  if (backend != "fa2" && HasSm90<T, D, kPaged>(device.device_id, backend)) {
     // Ragged head_dim 64: three consumers (192-row items) once requests average kWideRows
     // queries. Measured (H200, RESULTS.md): 7-10% faster at 2 x 16384 and 8 x 4096 full, equal at
     // 8 x 4096 causal, 10% slower at 16 x 1024 causal (a request's last 192-row item is a third
