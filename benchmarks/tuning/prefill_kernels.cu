@@ -1,13 +1,15 @@
 // Times the prefill attention kernels alone (plan + attention kernel, no Python, no checks) on
 // synthetic bf16 inputs, 32 query / 8 KV heads: the Hopper kernel by default, the mma.sync kernel
-// with any argument. Ragged, and paged with a shuffled block table (bs = 16, 64). TFLOP/s as
+// with `mma`. Ragged, and paged with a shuffled block table (bs = 16, 64; with `pages`, block
+// sizes 1 to 256 at head_dim 64/128/256). TFLOP/s as
 // benchmarks/bench_prefill_attention.py counts them. The experiments behind RESULTS.md's
 // "Prefill attention, Hopper path" steps: build a copy of kernels/prefill_attention with a change
-// and point the include path at it. Run: benchmarks/tuning/prefill_kernels.sh [KERNEL_DIR]
+// and point the include path at it. Run: benchmarks/tuning/prefill_kernels.sh [KERNEL_DIR [pages]]
 #include "prefill_attention.cuh"
 #include <algorithm>
 #include <cstdlib>
 #include <cstdio>
+#include <string>
 #include <vector>
 using namespace mllm_kernel;
 namespace d = gpu::prefill_attention_detail;
@@ -76,7 +78,21 @@ void Run(int batch, int seq, bool causal, bool sm90, int bs = 0) {
 }
 
 int main(int argc, char** argv) {
-  const bool mma = argc > 1;
+  bool mma = false, pages = false;
+  for (int i = 1; i < argc; ++i) (std::string(argv[i]) == "pages" ? pages : mma) = true;
+  if (pages) {  // paged at every page size: 1 and 8 copy by cp.async, 16 and up by TMA boxes
+    for (int bs : {1, 8, 16, 32, 64, 128, 256}) {
+      Run<128>(2, 16384, false, !mma, bs);
+      Run<128>(8, 4096, true, !mma, bs);
+    }
+    for (int bs : {1, 16, 64}) {
+      Run<64>(8, 4096, false, !mma, bs);
+      Run<64>(2, 16384, true, !mma, bs);
+      Run<256>(8, 4096, false, !mma, bs);
+      Run<256>(2, 16384, true, !mma, bs);
+    }
+    return 0;
+  }
   Run<128>(2, 16384, false, !mma);
   Run<128>(8, 4096, true, !mma);
   Run<128>(2, 16384, true, !mma);
