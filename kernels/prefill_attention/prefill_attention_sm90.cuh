@@ -601,33 +601,28 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
             }
           }
         }
-        // Tiles that go by cp.async (paged caches without TMA boxes, bad block ids, a ragged
-        // request's last tile): each lane of a loader warp looks up the rows it holds, before the
-        // stage wait too, and the warp's copies take the rows' offsets from those lanes by
-        // shuffles, so no copy waits on a block-id load of its own.
+        // Paged tiles that go by cp.async (block sizes without TMA boxes, bad block ids): each lane
+        // of a loader warp looks up the rows it holds, before the stage wait too, and the warp's
+        // copies take the rows' offsets from those lanes by shuffles, so no copy waits on a
+        // block-id load of its own.
         constexpr int kRowsPerWarp = kBlockN / 2, kHeld = kRowsPerWarp / 32;
         const int lane = t % 32, warp_row0 = t % 64 / 32 * kRowsPerWarp;
-        const bool by_copy = (kPaged || key0 + kBlockN > hi) && !paged_tma;
         int64_t held[kHeld];  // elements from src_base to the row's K or V of head kvh; -1: not read
         int bad_j = -1, bad_block = 0;  // a bad block id met by this thread (recorded once below)
-        if (by_copy) {
+        if (kPaged && !paged_tma) {
 #pragma unroll
           for (int i = 0; i < kHeld; ++i) {
             const int key = key0 + warp_row0 + i * 32 + lane;
             held[i] = -1;
             if (key < hi) {
-              if constexpr (kPaged) {
-                const uint32_t jb = p.block_size.div(static_cast<uint32_t>(key));
-                const int32_t block = table[jb];
-                if (block >= 0 && block < p.num_blocks) {
-                  held[i] = block * src_stride + (key - static_cast<int64_t>(jb) * p.block_size.d) * row_elems +
-                            static_cast<int64_t>(kvh) * D;
-                } else if (loads_k) {
-                  bad_j = jb;
-                  bad_block = block;
-                }
-              } else {
-                held[i] = (u.req.k_start + key) * src_stride + static_cast<int64_t>(kvh) * D;
+              const uint32_t jb = p.block_size.div(static_cast<uint32_t>(key));
+              const int32_t block = table[jb];
+              if (block >= 0 && block < p.num_blocks) {
+                held[i] = block * src_stride + (key - static_cast<int64_t>(jb) * p.block_size.d) * row_elems +
+                          static_cast<int64_t>(kvh) * D;
+              } else if (loads_k) {
+                bad_j = jb;
+                bad_block = block;
               }
             }
           }
@@ -676,19 +671,32 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           }
           continue;
         }
-        if (loads_k) {
+        if constexpr (kPaged) {
+          if (loads_k) {
 #pragma unroll
-          for (int i = 0; i < kHeld; ++i) key_ok[stage * kBlockN + warp_row0 + i * 32 + lane] = held[i] >= 0;
-        }
-        constexpr int kRowsPerCopy = 32 / kChunks;  // rows one copy instruction of a warp covers
-        const int c = lane % kChunks;
+            for (int i = 0; i < kHeld; ++i) key_ok[stage * kBlockN + warp_row0 + i * 32 + lane] = held[i] >= 0;
+          }
+          constexpr int kRowsPerCopy = 32 / kChunks;  // rows one copy instruction of a warp covers
+          const int c = lane % kChunks;
 #pragma unroll 4
-        for (int n = 0; n < kRowsPerWarp / kRowsPerCopy; ++n) {
-          const int r = n * kRowsPerCopy + lane / kChunks;  // the row within the warp's
-          const int64_t h = n * kRowsPerCopy < 32 ? held[0] : held[kHeld - 1];  // rows 32-63 in held[1]
-          const int64_t off = __shfl_sync(device::kFullMask, h, r % 32);
-          device::cp_async_16(dst + sw128_offset<kBlockN>(warp_row0 + r, c), src_base + (off >= 0 ? off + c * 8 : 0),
-                              off >= 0);
+          for (int n = 0; n < kRowsPerWarp / kRowsPerCopy; ++n) {
+            const int r = n * kRowsPerCopy + lane / kChunks;  // the row within the warp's
+            const int64_t h = n * kRowsPerCopy < 32 ? held[0] : held[kHeld - 1];  // rows 32-63 in held[1]
+            const int64_t off = __shfl_sync(device::kFullMask, h, r % 32);
+            device::cp_async_16(dst + sw128_offset<kBlockN>(warp_row0 + r, c), src_base + (off >= 0 ? off + c * 8 : 0),
+                                off >= 0);
+          }
+        } else {
+          // A ragged request's last tile: its row offsets are arithmetic, nothing to look up.
+#pragma unroll 4
+          for (int i = t % 64; i < kBlockN * kChunks; i += 64) {
+            const int r = i / kChunks, c = i % kChunks;
+            const int key = key0 + r;
+            const bool ok = key < hi;
+            const T* src = ok ? src_base + (u.req.k_start + key) * src_stride + static_cast<int64_t>(kvh) * D + c * 8 : src_base;
+            device::cp_async_16(dst + sw128_offset<kBlockN>(r, c), src, ok);
+            if (loads_k && c == 0) key_ok[stage * kBlockN + r] = ok;
+          }
         }
         if (kPaged && bad_j >= 0 && u.head % p.group == 0) pa::record(p.error, pa::kBlockTable, u.request, bad_j, bad_block);
         device::cp_async_commit();
