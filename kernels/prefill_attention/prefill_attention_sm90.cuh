@@ -13,8 +13,8 @@
  *    on across units, on barriers of their own ("full", "empty"). Whole tiles of a request's keys
  *    go by TMA (ragged K/V, or pages of 16 to 128 rows that tile kBlockN); the rest (a request's
  *    last partial tile, small or odd pages, a bad block id) by cp.async, which zero-fills keys
- *    that must not be read; there each lane looks up the rows it holds and the copies take
- *    their offsets by shuffles.
+ *    that must not be read (paged: each lane looks up the rows it holds and the copies take
+ *    their offsets by shuffles).
  *  - the other warpgroups are consumers of 64 query rows each: S = Q K^T with shared-memory
  *    operands (wgmma m64nkBlockNk16), the online softmax in registers, O += P V with P from
  *    registers and V transposed by the descriptor. O += P V of tile kt - 1 is issued with S of
