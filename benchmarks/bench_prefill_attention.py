@@ -2,7 +2,7 @@
 
     python3 benchmarks/bench_prefill_attention.py [--head-dims 64,128,256] [--shapes 16x1024,8x4096,2x16384,1x65536]
                                                   [--causal both|yes|no] [--fi-head-dims 128] [--no-sdpa] [--no-mma]
-                                                  [--json PATH]
+                                                  [--page-size N] [--json PATH]
 
 From the repository root it measures the checkout's mllm_kernel (copy it out of the checkout to
 measure an installed wheel). FlashInfer is optional (device_carry/flashinfer/install.sh on the GPU
@@ -13,6 +13,9 @@ ragged layout [tokens, heads, head_dim]. FLOPs = 4 * seq^2 * head_dim * heads pe
 and PV), half of that when causal. Timing: CUDA events around `iters` back-to-back calls after a
 warm-up call, median of 5 such groups; `iters` is picked so that a group takes about 50 ms.
 "% matmul": against a bf16 8192^3 torch.matmul timed the same way in the same run. SDPA:
+--page-size N: the same K/V in a paged cache [pages, N, kv_heads, head_dim] whose pages are
+shuffled (every request's block table a random order of pages), ours through
+paged_prefill_attention and FlashInfer through its paged prefill wrapper (no SDPA column).
 F.scaled_dot_product_attention on [batch, heads, seq, head_dim] views with the flash backend
 (K/V repeated to all query heads in advance if the backend refuses GQA). Every implementation is
 checked first against ours (max |diff|) and ours against a float64 reference on a slice of the
@@ -35,12 +38,12 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 if (REPO / "mllm_kernel").is_dir() and str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from mllm_kernel.kernels.prefill_attention import prefill_attention  # noqa: E402
+from mllm_kernel.kernels.prefill_attention import paged_prefill_attention, prefill_attention  # noqa: E402
 from mllm_kernel.kernels.prefill_attention.cases import allowed_keys, ref_attention  # noqa: E402
 
 try:
     import flashinfer
-    from flashinfer.prefill import BatchPrefillWithRaggedKVCacheWrapper
+    from flashinfer.prefill import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper
 except Exception as error:  # noqa: BLE001 - any import failure: no FlashInfer column
     flashinfer, FLASHINFER_ERROR = None, f"{type(error).__name__}: {error}"
 
@@ -87,14 +90,39 @@ def make_inputs(batch: int, seq: int, head_dim: int):
     return q, k, v, cu
 
 
+def paged_cache(k, v, batch: int, seq: int, page: int):
+    """k and v ([batch * seq, KH, head_dim]) in shuffled pages of `page` tokens, and the block table."""
+    per = -(-seq // page)
+    order = torch.randperm(batch * per, generator=torch.Generator().manual_seed(1))
+    table = order.view(batch, per).to(device=k.device, dtype=torch.int32)
+    tok = torch.arange(seq, device=k.device)
+    pages = table[:, tok // page].flatten().long()  # [batch * seq]: each token's page
+    rows = (tok % page).repeat(batch)
+    caches = []
+    for x in (k, v):
+        cache = torch.zeros(batch * per, page, KH, x.shape[-1], dtype=x.dtype, device=x.device)
+        cache[pages, rows] = x
+        caches.append(cache)
+    return caches[0], caches[1], table
+
+
 def bench_row(batch, seq, head_dim, causal, args) -> dict:
     q, k, v, cu = make_inputs(batch, seq, head_dim)
     flops = 4 * batch * seq * seq * head_dim * H / (2 if causal else 1)
     row = {"batch": batch, "seq": seq, "head_dim": head_dim, "causal": causal}
     out = torch.empty_like(q)
+    page = args.page_size
+    if page:
+        row["page_size"] = page
+        k_cache, v_cache, table = paged_cache(k, v, batch, seq, page)
+        seq_lens = torch.full((batch,), seq, dtype=torch.int32, device="cuda")
 
-    def ours():
-        prefill_attention(q, k, v, cu, cu, causal=causal, out=out)
+        def ours():
+            paged_prefill_attention(q, k_cache, v_cache, table, cu, seq_lens, causal=causal, out=out)
+    else:
+
+        def ours():
+            prefill_attention(q, k, v, cu, cu, causal=causal, out=out)
 
     ours()
     # float64 reference on the last REF_QUERIES queries of the first request (all its keys).
@@ -122,19 +150,31 @@ def bench_row(batch, seq, head_dim, causal, args) -> dict:
         for backend in args.fi_backends:
             try:
                 workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-                wrapper = BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=backend)
                 t0 = time.perf_counter()
-                wrapper.plan(cu, cu, H, KH, head_dim, causal=causal, q_data_type=DTYPE)
+                if page:
+                    wrapper = BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+                    per = table.shape[1]
+                    indptr = torch.arange(0, (batch + 1) * per, per, dtype=torch.int32, device="cuda")
+                    last = torch.full((batch,), seq - (per - 1) * page, dtype=torch.int32, device="cuda")
+                    wrapper.plan(cu, indptr, table.flatten(), last, H, KH, head_dim, page, causal=causal,
+                                 q_data_type=DTYPE)
+                else:
+                    wrapper = BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=backend)
+                    wrapper.plan(cu, cu, H, KH, head_dim, causal=causal, q_data_type=DTYPE)
                 row[f"fi_{backend}_plan_us"] = (time.perf_counter() - t0) * 1e6
                 fi_out = torch.empty_like(q)
-                wrapper.run(q, k, v, out=fi_out)
+                if page:
+                    fi = lambda w=wrapper, o=fi_out: w.run(q, (k_cache, v_cache), out=o)  # noqa: E731
+                else:
+                    fi = lambda w=wrapper, o=fi_out: w.run(q, k, v, out=o)  # noqa: E731
+                fi()
                 row[f"fi_{backend}_diff"] = (fi_out - out).abs().max().item()
-                row[f"fi_{backend}_ms"] = time_calls(lambda w=wrapper, o=fi_out: w.run(q, k, v, out=o))
+                row[f"fi_{backend}_ms"] = time_calls(fi)
                 row[f"vs_fi_{backend}"] = row[f"fi_{backend}_ms"] / row["ours_ms"]
                 del wrapper, workspace, fi_out
             except Exception as error:  # noqa: BLE001 - report and go on
                 row[f"fi_{backend}_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
-    if not args.no_sdpa:
+    if not args.no_sdpa and not page:
         q4, k4, v4 = (x.view(batch, seq, -1, head_dim).transpose(1, 2) for x in (q, k, v))
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -191,6 +231,7 @@ def main(argv=None) -> int:
     p.add_argument("--fi-backends", default="fa2,fa3", help="FlashInfer backends to run (each JIT-builds its own modules)")
     p.add_argument("--no-sdpa", action="store_true")
     p.add_argument("--no-mma", action="store_true", help="skip the mma.sync kernel's column")
+    p.add_argument("--page-size", type=int, default=0, help="paged caches of this block size (0: ragged)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -202,7 +243,9 @@ def main(argv=None) -> int:
     header = [f"GPU: {props.name}; torch {torch.__version__}",
               f"FlashInfer: {flashinfer.__version__ if flashinfer else 'not available (' + FLASHINFER_ERROR + ')'}",
               f"bf16 matmul 8192^3: {args.matmul:.0f} TFLOP/s",
-              f"bf16, {H} q / {KH} kv heads, ragged layout; median of 5 groups of back-to-back calls"]
+              f"bf16, {H} q / {KH} kv heads, " +
+              (f"paged (block size {args.page_size}, shuffled pages)" if args.page_size else "ragged layout") +
+              "; median of 5 groups of back-to-back calls"]
     print("\n".join(header), file=sys.stderr)
     causals = {"both": (True, False), "yes": (True,), "no": (False,)}[args.causal]
     rows = []
