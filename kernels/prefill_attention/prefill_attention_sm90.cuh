@@ -112,6 +112,10 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
+/*! \brief Makes \p bar's current phase also wait for this thread's cp.async copies issued so far. */
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
 /*! \brief Makes this thread's completed generic-proxy shared-memory writes visible to wgmma. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -699,9 +703,9 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           }
         }
         if (kPaged && bad_j >= 0 && u.head % p.group == 0) pa::record(p.error, pa::kBlockTable, u.request, bad_j, bad_block);
-        device::cp_async_commit();
-        device::cp_async_wait<0>();  // this stage's tile (zero-filled where not read)
-        fence_proxy_async();
+        // The stage's phase completes once every loader's copies have landed; the producer goes
+        // on to the next tile's lookups meanwhile. The consumers fence the copies for wgmma.
+        cp_async_mbarrier_arrive(&full[stage]);
         mbarrier_arrive(&full[stage]);
       }
     }
@@ -919,6 +923,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     if (num_tiles > 0) {
       float rescale[2];
       mbarrier_wait(&cta.k_full[g % kStages], (g / kStages) & 1);
+      fence_proxy_async();  // tiles copied by cp.async
       wait_turn();
       fence_registers(s);
       wgmma_fence();
@@ -933,12 +938,14 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         const int stage = (g + kt) % kStages, prev = (g + kt - 1) % kStages;
         pack_p();
         mbarrier_wait(&cta.k_full[stage], ((g + kt) / kStages) & 1);
+        fence_proxy_async();  // tiles copied by cp.async
         wait_turn();
         fence_registers(s);
         fence_registers(o);
         wgmma_fence();
         issue_qk(stage);
         mbarrier_wait(&cta.v_full[prev], ((g + kt - 1) / kStages) & 1);
+        fence_proxy_async();  // tiles copied by cp.async
         issue_pv(prev);
         pass_turn();
         wgmma_wait<1>();  // S of tile kt
@@ -957,6 +964,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
       const int last = (g + num_tiles - 1) % kStages;
       pack_p();
       mbarrier_wait(&cta.v_full[last], ((g + num_tiles - 1) / kStages) & 1);
+      fence_proxy_async();  // tiles copied by cp.async
       wait_turn();
       fence_registers(o);
       wgmma_fence();
