@@ -540,7 +540,6 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     uint64_t* empty = loads_k ? cta.k_empty : cta.v_empty;
     const T* src_base = loads_k ? p.k : p.v;
     const int64_t src_stride = loads_k ? p.k_stride : p.v_stride;
-    const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * D;
     int g = 0;  // tiles this CTA has copied: tile g goes to stage g % kStages
     for (int j = 0;; ++j) {
       Unit& u = cta.unit[j % 2];
@@ -605,25 +604,30 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
             }
           }
         }
-        // Paged tiles that go by cp.async (block sizes without TMA boxes, bad block ids): each lane
-        // of a loader warp looks up the rows it holds, before the stage wait too, and the warp's
-        // copies take the rows' offsets from those lanes by shuffles, so no copy waits on a
-        // block-id load of its own.
-        constexpr int kRowsPerWarp = kBlockN / 2, kHeld = kRowsPerWarp / 32;
+        // Paged tiles that go by cp.async (block sizes without TMA boxes, bad block ids): four lanes
+        // share a row, each copying 16 of every 64 contiguous bytes, so one copy instruction of a
+        // warp moves 64 bytes of each of 8 rows. Each lane looks up its rows (lane / 4 + 8 i of the
+        // warp's kRowsPerWarp) before the stage wait, like the TMA path's block ids, and keeps a
+        // pointer to its bytes of each: a copy is then one instruction (pointer and immediates).
+        constexpr int kRowsPerWarp = kBlockN / 2, kHeld = kRowsPerWarp / 8;
         const int lane = t % 32, warp_row0 = t % 64 / 32 * kRowsPerWarp;
-        int64_t held[kHeld];  // elements from src_base to the row's K or V of head kvh; -1: not read
+        const T* held[kHeld];  // this lane's bytes of the row's K or V of head kvh (src_base: not read)
+        uint32_t held_ok = 0;  // bit i: row i is read
         int bad_j = -1, bad_block = 0;  // a bad block id met by this thread (recorded once below)
         if (kPaged && !paged_tma) {
+          const T* lane_base = src_base + static_cast<int64_t>(kvh) * D + lane % 4 * 8;
 #pragma unroll
           for (int i = 0; i < kHeld; ++i) {
-            const int key = key0 + warp_row0 + i * 32 + lane;
-            held[i] = -1;
+            const int key = key0 + warp_row0 + lane / 4 + 8 * i;
+            held[i] = src_base;
             if (key < hi) {
               const uint32_t jb = p.block_size.div(static_cast<uint32_t>(key));
               const int32_t block = table[jb];
               if (block >= 0 && block < p.num_blocks) {
-                held[i] = block * src_stride + (key - static_cast<int64_t>(jb) * p.block_size.d) * row_elems +
-                          static_cast<int64_t>(kvh) * D;
+                // A row within a block is block_size * num_kv_heads * D elements at most: int.
+                const int in_block = (key - static_cast<int>(jb * p.block_size.d)) * p.num_kv_heads * D;
+                held[i] = lane_base + block * src_stride + in_block;
+                held_ok |= 1u << i;
               } else if (loads_k) {
                 bad_j = jb;
                 bad_block = block;
@@ -676,19 +680,22 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           continue;
         }
         if constexpr (kPaged) {
-          if (loads_k) {
+          // Row r = warp_row0 + lane / 4 + 8 i has r % 8 = lane / 4, so chunk c = 4 q + lane % 4
+          // lands at sw128_offset(r, c) = column block q / 2, chunk ((lane % 4) ^ (lane / 4)) ^ (4 if q is odd).
+          const int r0 = warp_row0 + lane / 4;
+          if (loads_k && lane % 4 == 0) {
 #pragma unroll
-            for (int i = 0; i < kHeld; ++i) key_ok[stage * kBlockN + warp_row0 + i * 32 + lane] = held[i] >= 0;
+            for (int i = 0; i < kHeld; ++i) key_ok[stage * kBlockN + r0 + 8 * i] = held_ok >> i & 1;
           }
-          constexpr int kRowsPerCopy = 32 / kChunks;  // rows one copy instruction of a warp covers
-          const int c = lane % kChunks;
-#pragma unroll 4
-          for (int n = 0; n < kRowsPerWarp / kRowsPerCopy; ++n) {
-            const int r = n * kRowsPerCopy + lane / kChunks;  // the row within the warp's
-            const int64_t h = n * kRowsPerCopy < 32 ? held[0] : held[kHeld - 1];  // rows 32-63 in held[1]
-            const int64_t off = __shfl_sync(device::kFullMask, h, r % 32);
-            device::cp_async_16(dst + sw128_offset<kBlockN>(warp_row0 + r, c), src_base + (off >= 0 ? off + c * 8 : 0),
-                                off >= 0);
+          unsigned char* row_dst[2];
+          row_dst[0] = dst + r0 * 128 + (((lane % 4) ^ (lane / 4)) << 4);
+          row_dst[1] = dst + r0 * 128 + ((((lane % 4) ^ (lane / 4)) ^ 4) << 4);
+#pragma unroll
+          for (int i = 0; i < kHeld; ++i) {
+#pragma unroll
+            for (int q = 0; q < kChunks / 4; ++q) {
+              device::cp_async_16(row_dst[q % 2] + (q / 2) * kBlockN * 128 + 8 * i * 128, held[i] + q * 32, held_ok >> i & 1);
+            }
           }
         } else {
           // A ragged request's last tile: its row offsets are arithmetic, nothing to look up.
