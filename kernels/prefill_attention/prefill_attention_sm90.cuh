@@ -366,8 +366,8 @@ struct Shape {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockN = D <= 128 ? 128 : 64;
   static constexpr int kStages = kRingStages;
-  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 56;
-  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 224;
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : kPaged ? 72 : 56;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kPaged ? 216 : 224;
   static_assert(kConsumers == 2 || (kConsumers == 3 && !kPaged), "three consumers: ragged only");
   // setmaxnreg moves registers within what the CTA got at launch, kThreads x the launch bound's
   // share (one CTA an SM: 65536 / kThreads in steps of 8): a warpgroup asking for more waits
