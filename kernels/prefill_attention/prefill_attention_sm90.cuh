@@ -513,6 +513,11 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
   const int num_units = *ws.num_work * p.num_heads;
   const bool use_mask = p.mask != nullptr;
   const bool upper = (p.causal && !use_mask) || p.window > 0;  // keys past a query's position are masked
+  // Paged block sizes without TMA boxes: every K/V tile goes by cp.async, and the copies arrive
+  // on the stage's barrier by themselves (cp.async.mbarrier.arrive), so the producer never waits
+  // for them; the consumers then fence each tile for wgmma. Elsewhere cp.async tiles are rare (a
+  // request's last, a bad block id): their loaders wait and fence, and the consumers do not.
+  const bool copies_arrive = kPaged && maps.paged_rows == 0;
 
   if (threadIdx.x == 0) {
     mbarrier_init(&cta.q_full, 1);
@@ -604,21 +609,23 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
             }
           }
         }
-        // Paged tiles that go by cp.async (block sizes without TMA boxes, bad block ids): four lanes
-        // share a row, each copying 16 of every 64 contiguous bytes, so one copy instruction of a
-        // warp moves 64 bytes of each of 8 rows. Each lane looks up its rows (lane / 4 + 8 i of the
-        // warp's kRowsPerWarp) before the stage wait, like the TMA path's block ids, and keeps a
-        // pointer to its bytes of each: a copy is then one instruction (pointer and immediates).
-        constexpr int kRowsPerWarp = kBlockN / 2, kHeld = kRowsPerWarp / 8;
+        // Paged tiles that go by cp.async (block sizes without TMA boxes, bad block ids): kLanes
+        // lanes share a row, each copying 16 of every kLanes * 16 contiguous bytes, so one copy
+        // instruction of a warp moves 64 or 128 bytes of each of kRowsPerCopy rows. Each lane looks
+        // up its rows (lane / kLanes + kRowsPerCopy i of the warp's kRowsPerWarp) before the stage
+        // wait, like the TMA path's block ids, and keeps a pointer to its bytes of each: a copy is
+        // then one instruction (a held pointer and immediates).
+        constexpr int kLanes = kChunks >= 16 ? 4 : 8, kRowsPerCopy = 32 / kLanes;
+        constexpr int kRowsPerWarp = kBlockN / 2, kHeld = kRowsPerWarp / kRowsPerCopy;
         const int lane = t % 32, warp_row0 = t % 64 / 32 * kRowsPerWarp;
         const T* held[kHeld];  // this lane's bytes of the row's K or V of head kvh (src_base: not read)
         uint32_t held_ok = 0;  // bit i: row i is read
         int bad_j = -1, bad_block = 0;  // a bad block id met by this thread (recorded once below)
         if (kPaged && !paged_tma) {
-          const T* lane_base = src_base + static_cast<int64_t>(kvh) * D + lane % 4 * 8;
+          const T* lane_base = src_base + static_cast<int64_t>(kvh) * D + lane % kLanes * 8;
 #pragma unroll
           for (int i = 0; i < kHeld; ++i) {
-            const int key = key0 + warp_row0 + lane / 4 + 8 * i;
+            const int key = key0 + warp_row0 + lane / kLanes + kRowsPerCopy * i;
             held[i] = src_base;
             if (key < hi) {
               const uint32_t jb = p.block_size.div(static_cast<uint32_t>(key));
@@ -680,21 +687,25 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           continue;
         }
         if constexpr (kPaged) {
-          // Row r = warp_row0 + lane / 4 + 8 i has r % 8 = lane / 4, so chunk c = 4 q + lane % 4
-          // lands at sw128_offset(r, c) = column block q / 2, chunk ((lane % 4) ^ (lane / 4)) ^ (4 if q is odd).
-          const int r0 = warp_row0 + lane / 4;
-          if (loads_k && lane % 4 == 0) {
+          // Chunk c = kLanes q + lane % kLanes of row r = r0 + kRowsPerCopy i lands at
+          // sw128_offset(r, c): column block kLanes q / 8, chunk (c % 8) ^ (r % 8) within the row,
+          // which is (lane % kLanes) ^ (lane / kLanes), flipped by 4 when c % 8 or r % 8 has the 4
+          // (the other terms stay below 4, so those sums are xors).
+          const int r0 = warp_row0 + lane / kLanes;
+          if (loads_k && lane % kLanes == 0) {
 #pragma unroll
-            for (int i = 0; i < kHeld; ++i) key_ok[stage * kBlockN + r0 + 8 * i] = held_ok >> i & 1;
+            for (int i = 0; i < kHeld; ++i) key_ok[stage * kBlockN + r0 + kRowsPerCopy * i] = held_ok >> i & 1;
           }
-          unsigned char* row_dst[2];
-          row_dst[0] = dst + r0 * 128 + (((lane % 4) ^ (lane / 4)) << 4);
-          row_dst[1] = dst + r0 * 128 + ((((lane % 4) ^ (lane / 4)) ^ 4) << 4);
+          const int swizzle = (lane % kLanes) ^ (lane / kLanes);
+          unsigned char* const row_dst[2] = {dst + r0 * 128 + (swizzle << 4), dst + r0 * 128 + ((swizzle ^ 4) << 4)};
 #pragma unroll
           for (int i = 0; i < kHeld; ++i) {
 #pragma unroll
-            for (int q = 0; q < kChunks / 4; ++q) {
-              device::cp_async_16(row_dst[q % 2] + (q / 2) * kBlockN * 128 + 8 * i * 128, held[i] + q * 32, held_ok >> i & 1);
+            for (int q = 0; q < kChunks / kLanes; ++q) {
+              constexpr int kFlipQ = kLanes == 4, kFlipI = kRowsPerCopy == 4;
+              const int flip = (kFlipQ * q + kFlipI * i) % 2;
+              device::cp_async_16(row_dst[flip] + kLanes * q / 8 * (kBlockN * 128) + kRowsPerCopy * i * 128,
+                                  held[i] + q * kLanes * 8, held_ok >> i & 1);
             }
           }
         } else {
@@ -710,9 +721,15 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           }
         }
         if (kPaged && bad_j >= 0 && u.head % p.group == 0) pa::record(p.error, pa::kBlockTable, u.request, bad_j, bad_block);
-        // The stage's phase completes once every loader's copies have landed; the producer goes
-        // on to the next tile's lookups meanwhile. The consumers fence the copies for wgmma.
-        cp_async_mbarrier_arrive(&full[stage]);
+        if (copies_arrive) {
+          // The stage's phase completes once every loader's copies have landed; the producer
+          // goes on to the next tile's lookups meanwhile. The consumers fence them for wgmma.
+          cp_async_mbarrier_arrive(&full[stage]);
+        } else {
+          device::cp_async_commit();
+          device::cp_async_wait<0>();  // this stage's tile (zero-filled where not read)
+          fence_proxy_async();
+        }
         mbarrier_arrive(&full[stage]);
       }
     }
@@ -930,7 +947,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     if (num_tiles > 0) {
       float rescale[2];
       mbarrier_wait(&cta.k_full[g % kStages], (g / kStages) & 1);
-      fence_proxy_async();  // tiles copied by cp.async
+      if (copies_arrive) fence_proxy_async();
       wait_turn();
       fence_registers(s);
       wgmma_fence();
@@ -945,14 +962,14 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         const int stage = (g + kt) % kStages, prev = (g + kt - 1) % kStages;
         pack_p();
         mbarrier_wait(&cta.k_full[stage], ((g + kt) / kStages) & 1);
-        fence_proxy_async();  // tiles copied by cp.async
+        if (copies_arrive) fence_proxy_async();
         wait_turn();
         fence_registers(s);
         fence_registers(o);
         wgmma_fence();
         issue_qk(stage);
         mbarrier_wait(&cta.v_full[prev], ((g + kt - 1) / kStages) & 1);
-        fence_proxy_async();  // tiles copied by cp.async
+        if (copies_arrive) fence_proxy_async();
         issue_pv(prev);
         pass_turn();
         wgmma_wait<1>();  // S of tile kt
@@ -971,7 +988,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
       const int last = (g + num_tiles - 1) % kStages;
       pack_p();
       mbarrier_wait(&cta.v_full[last], ((g + num_tiles - 1) / kStages) & 1);
-      fence_proxy_async();  // tiles copied by cp.async
+      if (copies_arrive) fence_proxy_async();
       wait_turn();
       fence_registers(o);
       wgmma_fence();
