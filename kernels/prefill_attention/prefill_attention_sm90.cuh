@@ -407,6 +407,7 @@ struct CtaState {
   uint64_t v_full[kRingStages];   // its 64 V loaders: the stage's V tile landed
   uint64_t k_empty[kRingStages];  // every consumer thread: done with the stage's K tile
   uint64_t v_empty[kRingStages];  // ... and with its V tile
+  uint32_t copied[2][kRingStages];  // paged: the stage's K (0) or V (1) tile went by cp.async
   Unit unit[2];
   Unit handed[2];
 };
@@ -513,11 +514,6 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
   const int num_units = *ws.num_work * p.num_heads;
   const bool use_mask = p.mask != nullptr;
   const bool upper = (p.causal && !use_mask) || p.window > 0;  // keys past a query's position are masked
-  // Paged block sizes without TMA boxes: every K/V tile goes by cp.async, and the copies arrive
-  // on the stage's barrier by themselves (cp.async.mbarrier.arrive), so the producer never waits
-  // for them; the consumers then fence each tile for wgmma. Elsewhere cp.async tiles are rare (a
-  // request's last, a bad block id): their loaders wait and fence, and the consumers do not.
-  const bool copies_arrive = kPaged && maps.paged_rows == 0;
 
   if (threadIdx.x == 0) {
     mbarrier_init(&cta.q_full, 1);
@@ -611,22 +607,26 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         }
         // Paged tiles that go by cp.async (block sizes without TMA boxes, bad block ids): kLanes
         // lanes share a row, each copying 16 of every kLanes * 16 contiguous bytes, so one copy
-        // instruction of a warp moves 64 or 128 bytes of each of kRowsPerCopy rows. Each lane looks
-        // up its rows (lane / kLanes + kRowsPerCopy i of the warp's kRowsPerWarp) before the stage
-        // wait, like the TMA path's block ids, and keeps a pointer to its bytes of each: a copy is
-        // then one instruction (a held pointer and immediates).
+        // instruction of a warp moves 64 (head_dim >= 128) or 128 bytes (64) of each of
+        // kRowsPerCopy rows. The rows' addresses are looked up before the stage wait, like the TMA
+        // path's block ids: at head_dim >= 128 each lane looks up the rows it copies and keeps a
+        // pointer to each, so a copy is one instruction (pointer and immediates); at 64 that
+        // would be 16 pointers a lane (they spill), so each lane looks up rows lane + 32 i and
+        // the copies take their pointers by shuffles.
         constexpr int kLanes = kChunks >= 16 ? 4 : 8, kRowsPerCopy = 32 / kLanes;
-        constexpr int kRowsPerWarp = kBlockN / 2, kHeld = kRowsPerWarp / kRowsPerCopy;
+        constexpr bool kOwnRows = kChunks >= 16;
+        constexpr int kRowsPerWarp = kBlockN / 2;
+        constexpr int kHeld = kOwnRows ? kRowsPerWarp / kRowsPerCopy : kRowsPerWarp / 32;
         const int lane = t % 32, warp_row0 = t % 64 / 32 * kRowsPerWarp;
-        const T* held[kHeld];  // this lane's bytes of the row's K or V of head kvh (src_base: not read)
-        uint32_t held_ok = 0;  // bit i: row i is read
+        const T* held[kHeld];  // K or V of head kvh of the held rows (own rows: at this lane's bytes); null: not read
         int bad_j = -1, bad_block = 0;  // a bad block id met by this thread (recorded once below)
         if (kPaged && !paged_tma) {
-          const T* lane_base = src_base + static_cast<int64_t>(kvh) * D + lane % kLanes * 8;
+          const T* lane_base = src_base + static_cast<int64_t>(kvh) * D + (kOwnRows ? lane % kLanes * 8 : 0);
 #pragma unroll
           for (int i = 0; i < kHeld; ++i) {
-            const int key = key0 + warp_row0 + lane / kLanes + kRowsPerCopy * i;
-            held[i] = src_base;
+            const int row = kOwnRows ? lane / kLanes + kRowsPerCopy * i : lane + 32 * i;
+            const int key = key0 + warp_row0 + row;
+            held[i] = nullptr;
             if (key < hi) {
               const uint32_t jb = p.block_size.div(static_cast<uint32_t>(key));
               const int32_t block = table[jb];
@@ -634,7 +634,6 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
                 // A row within a block is block_size * num_kv_heads * D elements at most: int.
                 const int in_block = (key - static_cast<int>(jb * p.block_size.d)) * p.num_kv_heads * D;
                 held[i] = lane_base + block * src_stride + in_block;
-                held_ok |= 1u << i;
               } else if (loads_k) {
                 bad_j = jb;
                 bad_block = block;
@@ -669,6 +668,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
             for (int r = t; r < kBlockN; r += 64) key_ok[stage * kBlockN + r] = 1;
           }
           if (t % 64 == 0) {
+            cta.copied[!loads_k][stage] = 0;
             mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
 #pragma unroll
             for (int i = 0; i < kMaxBoxes; ++i) {
@@ -691,21 +691,32 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           // sw128_offset(r, c): column block kLanes q / 8, chunk (c % 8) ^ (r % 8) within the row,
           // which is (lane % kLanes) ^ (lane / kLanes), flipped by 4 when c % 8 or r % 8 has the 4
           // (the other terms stay below 4, so those sums are xors).
-          const int r0 = warp_row0 + lane / kLanes;
-          if (loads_k && lane % kLanes == 0) {
+          if (loads_k) {
 #pragma unroll
-            for (int i = 0; i < kHeld; ++i) key_ok[stage * kBlockN + r0 + kRowsPerCopy * i] = held_ok >> i & 1;
+            for (int i = 0; i < kHeld; ++i) {
+              if (!kOwnRows || lane % kLanes == 0) {
+                key_ok[stage * kBlockN + warp_row0 + (kOwnRows ? lane / kLanes + kRowsPerCopy * i : lane + 32 * i)] =
+                    held[i] != nullptr;
+              }
+            }
           }
-          const int swizzle = (lane % kLanes) ^ (lane / kLanes);
+          const int r0 = warp_row0 + lane / kLanes, swizzle = (lane % kLanes) ^ (lane / kLanes);
           unsigned char* const row_dst[2] = {dst + r0 * 128 + (swizzle << 4), dst + r0 * 128 + ((swizzle ^ 4) << 4)};
 #pragma unroll
-          for (int i = 0; i < kHeld; ++i) {
+          for (int i = 0; i < kRowsPerWarp / kRowsPerCopy; ++i) {
+            const T* row = held[kOwnRows ? i : i * kRowsPerCopy / 32];
+            if constexpr (!kOwnRows) {  // from the lane that looked it up
+              const auto bits = reinterpret_cast<unsigned long long>(row);
+              row = reinterpret_cast<const T*>(__shfl_sync(device::kFullMask, bits, (i * kRowsPerCopy + lane / kLanes) % 32));
+            }
+            const bool ok = row != nullptr;
+            const T* src = ok ? row + (kOwnRows ? 0 : lane % kLanes * 8) : src_base;
 #pragma unroll
             for (int q = 0; q < kChunks / kLanes; ++q) {
               constexpr int kFlipQ = kLanes == 4, kFlipI = kRowsPerCopy == 4;
               const int flip = (kFlipQ * q + kFlipI * i) % 2;
               device::cp_async_16(row_dst[flip] + kLanes * q / 8 * (kBlockN * 128) + kRowsPerCopy * i * 128,
-                                  held[i] + q * kLanes * 8, held_ok >> i & 1);
+                                  src + q * kLanes * 8, ok);
             }
           }
         } else {
@@ -721,11 +732,12 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           }
         }
         if (kPaged && bad_j >= 0 && u.head % p.group == 0) pa::record(p.error, pa::kBlockTable, u.request, bad_j, bad_block);
-        if (copies_arrive) {
+        if constexpr (kPaged) {
           // The stage's phase completes once every loader's copies have landed; the producer
           // goes on to the next tile's lookups meanwhile. The consumers fence them for wgmma.
+          if (t % 64 == 0) cta.copied[!loads_k][stage] = 1;
           cp_async_mbarrier_arrive(&full[stage]);
-        } else {
+        } else {  // a ragged request's last tile
           device::cp_async_commit();
           device::cp_async_wait<0>();  // this stage's tile (zero-filled where not read)
           fence_proxy_async();
@@ -738,6 +750,11 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
 
   // -------------------------------------------------------------- consumer warpgroups
   registers_increase<Tile::kConsumerRegs>();
+  // Paged tiles copied by cp.async (generic proxy) reach wgmma (async proxy) through a proxy
+  // fence after the stage's wait; TMA tiles need none.
+  auto fence_copies = [&](int kv, int stage) {
+    if (kPaged && cta.copied[kv][stage]) fence_proxy_async();
+  };
   // Through a shuffle, so that the compiler knows it to be warp-uniform: the Q descriptors built
   // from it then live in uniform registers (otherwise each product's descriptor is computed in
   // ordinary registers and moved over, 5 instructions per wgmma).
@@ -947,7 +964,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     if (num_tiles > 0) {
       float rescale[2];
       mbarrier_wait(&cta.k_full[g % kStages], (g / kStages) & 1);
-      if (copies_arrive) fence_proxy_async();
+      fence_copies(0, g % kStages);
       wait_turn();
       fence_registers(s);
       wgmma_fence();
@@ -962,14 +979,14 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         const int stage = (g + kt) % kStages, prev = (g + kt - 1) % kStages;
         pack_p();
         mbarrier_wait(&cta.k_full[stage], ((g + kt) / kStages) & 1);
-        if (copies_arrive) fence_proxy_async();
+        fence_copies(0, stage);
         wait_turn();
         fence_registers(s);
         fence_registers(o);
         wgmma_fence();
         issue_qk(stage);
         mbarrier_wait(&cta.v_full[prev], ((g + kt - 1) / kStages) & 1);
-        if (copies_arrive) fence_proxy_async();
+        fence_copies(1, prev);
         issue_pv(prev);
         pass_turn();
         wgmma_wait<1>();  // S of tile kt
@@ -988,7 +1005,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
       const int last = (g + num_tiles - 1) % kStages;
       pack_p();
       mbarrier_wait(&cta.v_full[last], ((g + num_tiles - 1) / kStages) & 1);
-      if (copies_arrive) fence_proxy_async();
+      fence_copies(1, last);
       wait_turn();
       fence_registers(o);
       wgmma_fence();
