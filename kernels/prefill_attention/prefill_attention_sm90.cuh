@@ -614,7 +614,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         // would be 16 pointers a lane (they spill), so each lane looks up rows lane + 32 i and
         // the copies take their pointers by shuffles.
         constexpr int kLanes = kChunks >= 16 ? 4 : 8, kRowsPerCopy = 32 / kLanes;
-        constexpr bool kOwnRows = kChunks >= 16;
+        constexpr bool kOwnRows = kLanes == 4;
         constexpr int kRowsPerWarp = kBlockN / 2;
         constexpr int kHeld = kOwnRows ? kRowsPerWarp / kRowsPerCopy : kRowsPerWarp / 32;
         const int lane = t % 32, warp_row0 = t % 64 / 32 * kRowsPerWarp;
@@ -688,9 +688,10 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         }
         if constexpr (kPaged) {
           // Chunk c = kLanes q + lane % kLanes of row r = r0 + kRowsPerCopy i lands at
-          // sw128_offset(r, c): column block kLanes q / 8, chunk (c % 8) ^ (r % 8) within the row,
-          // which is (lane % kLanes) ^ (lane / kLanes), flipped by 4 when c % 8 or r % 8 has the 4
-          // (the other terms stay below 4, so those sums are xors).
+          // sw128_offset(r, c): column block c / 8 = kLanes q / 8 + lane % kLanes / 8, chunk
+          // (c % 8) ^ (r % 8) within the row. Both split into a lane's part and a part of (i, q)
+          // on disjoint bits: c % 8 = (kLanes q) % 8 ^ lane % kLanes % 8 and r % 8 =
+          // (kRowsPerCopy i) % 8 ^ lane / kLanes, so the chunk is swizzle ^ m(i, q), m in {0, 2, 4, 6}.
           if (loads_k) {
 #pragma unroll
             for (int i = 0; i < kHeld; ++i) {
@@ -700,8 +701,10 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
               }
             }
           }
-          const int r0 = warp_row0 + lane / kLanes, swizzle = (lane % kLanes) ^ (lane / kLanes);
-          unsigned char* const row_dst[2] = {dst + r0 * 128 + (swizzle << 4), dst + r0 * 128 + ((swizzle ^ 4) << 4)};
+          const int r0 = warp_row0 + lane / kLanes, swizzle = (lane % kLanes % 8) ^ (lane / kLanes);
+          unsigned char* const lane_dst = dst + lane % kLanes / 8 * (kBlockN * 128) + r0 * 128;
+          unsigned char* const row_dst[4] = {lane_dst + (swizzle << 4), lane_dst + ((swizzle ^ 2) << 4),
+                                             lane_dst + ((swizzle ^ 4) << 4), lane_dst + ((swizzle ^ 6) << 4)};
 #pragma unroll
           for (int i = 0; i < kRowsPerWarp / kRowsPerCopy; ++i) {
             const T* row = held[kOwnRows ? i : i * kRowsPerCopy / 32];
@@ -713,9 +716,8 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
             const T* src = ok ? row + (kOwnRows ? 0 : lane % kLanes * 8) : src_base;
 #pragma unroll
             for (int q = 0; q < kChunks / kLanes; ++q) {
-              constexpr int kFlipQ = kLanes == 4, kFlipI = kRowsPerCopy == 4;
-              const int flip = (kFlipQ * q + kFlipI * i) % 2;
-              device::cp_async_16(row_dst[flip] + kLanes * q / 8 * (kBlockN * 128) + kRowsPerCopy * i * 128,
+              const int m = (kLanes * q % 8) ^ (kRowsPerCopy * i % 8);
+              device::cp_async_16(row_dst[m / 2] + kLanes * q / 8 * (kBlockN * 128) + kRowsPerCopy * i * 128,
                                   src + q * kLanes * 8, ok);
             }
           }
