@@ -457,6 +457,18 @@ def test_cpu_bad_cu_seqlens(bad):
     assert torch.isnan(out).all(), "nothing is written before the check"
 
 
+def test_paged_block_over_2_31_elements_raises():
+    # A block of 2^31 elements or more (4 GiB of bfloat16 K) is refused by name before anything is
+    # read: the Hopper kernel addresses a row within a block in int elements.
+    k_cache = torch.empty((1, 2**21, 8, 128), dtype=torch.bfloat16)  # never touched: virtual memory only
+    q = torch.zeros(4, 8, 128, dtype=torch.bfloat16)
+    table = torch.zeros(1, 1, dtype=torch.int32)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    lens = torch.tensor([4], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"block_size \* num_kv_heads \* head_dim must be < 2\^31"):
+        paged_prefill_attention(q, k_cache, k_cache, table, cu, lens)
+
+
 def test_cpu_bad_paged_indices():
     case = make_paged_prefill_case([3, 5], [20, 5], 8, 2, 64, 16)
     table = case.block_table.clone()
