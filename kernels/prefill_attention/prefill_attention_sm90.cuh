@@ -13,8 +13,9 @@
  *    on across units, on barriers of their own ("full", "empty"). Whole tiles of a request's keys
  *    go by TMA (ragged K/V, or pages of 16 to 128 rows that tile kBlockN); the rest (a request's
  *    last partial tile, small or odd pages, a bad block id) by cp.async, which zero-fills keys
- *    that must not be read (paged: each lane looks up the rows it holds and the copies take
- *    their offsets by shuffles).
+ *    that must not be read. Paged, the lanes look up their rows' addresses before the stage wait
+ *    and keep them, so the copies issue back to back; the copies then arrive on the stage's
+ *    barrier by themselves (the producer goes on) and the consumers fence such tiles for wgmma.
  *  - the other warpgroups are consumers of 64 query rows each: S = Q K^T with shared-memory
  *    operands (wgmma m64nkBlockNk16), the online softmax in registers, O += P V with P from
  *    registers and V transposed by the descriptor. O += P V of tile kt - 1 is issued with S of
@@ -354,8 +355,10 @@ namespace pa = prefill_attention_detail;
  *    227 KiB a block may use, but ran faster with two (H200, benchmarks/TUNING.md, "ring depth"):
  *    ragged 0.3-2%, paged 4-16% at page sizes 64-256 and up to 9% at 1 and 8; page size 16 lost 2%.
  *  - Registers: setmaxnreg moves them from the producer to the consumers, within the CTA's. The
- *    paged producer's copy loop needs 56; the ragged one runs in 32 (with three consumers of 160:
- *    152 spilled in the tile loop and ran 25% slower, measured).
+ *    paged producer keeps up to 8 row pointers a lane and takes 72 (with 56 it spilled 88-136
+ *    bytes, which slowed even the TMA tiles 5-10%), leaving the consumers 216 (they use up to
+ *    R206); ragged takes 56 / 224, or 32 with three consumers of 160 (152 spilled in the tile
+ *    loop and ran 25% slower, measured).
  */
 constexpr int kRingStages = 2;  // K/V tiles in the ring (Shape's comment says why two)
 
