@@ -3,7 +3,7 @@ references of kernels/prefill_attention/cases.py.
 
 CPU tests run once per SIMD target (conftest.py's autouse `simd_target` fixture) and cover a
 representative subset at short lengths; the CUDA tests run the full matrix (every head_dim x
-dtype x group size, block sizes 1/16/64, lengths 1 to 4097), CUDA-graph replay with changed
+dtype x group size, block sizes 1/16/24/32/64, lengths 1 to 4097), CUDA-graph replay with changed
 lengths and the device-side error record.
 
 Tolerances as test_decode_attention.py: an output is a convex combination of V rows; lse
@@ -153,8 +153,8 @@ def test_cpu_paged_reference(dtype, block_size):
     check_paged_reference("cpu", dtype, block_size)
 
 
-@cuda_only
-@pytest.mark.parametrize("block_size", [1, 16, 64])
+@cuda_only  # 24: cp.async at a size that tiles nothing; 32: the smallest pages that go by TMA boxes
+@pytest.mark.parametrize("block_size", [1, 16, 24, 32, 64])
 @pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
 def test_cuda_paged_reference(dtype, block_size):
     check_paged_reference("cuda", dtype, block_size)
