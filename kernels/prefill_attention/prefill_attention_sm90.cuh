@@ -11,7 +11,7 @@
  *  - warpgroup 0 is the producer. Its thread 64 copies each unit's Q tile with TMA; warps 0-1 copy
  *    each K tile of kBlockN keys and warps 2-3 each V tile into rings of kStages (Shape) that run
  *    on across units, on barriers of their own ("full", "empty"). Whole tiles of a request's keys
- *    go by TMA (ragged K/V, or pages of 32 to 128 rows that tile kBlockN); the rest (a request's
+ *    go by TMA (ragged K/V, or pages that tile kBlockN in 1-4 boxes); the rest (a request's
  *    last partial tile, small or odd pages, a bad block id) by cp.async, which zero-fills keys
  *    that must not be read. Paged, the lanes look up their rows' addresses before the stage wait
  *    and keep them, so the copies issue back to back; the copies then arrive on the stage's
@@ -355,10 +355,11 @@ namespace pa = prefill_attention_detail;
  *    227 KiB a block may use, but ran faster with two (H200, benchmarks/TUNING.md, "ring depth"):
  *    ragged 0.3-2%, paged 4-16% at page sizes 64-256 and up to 9% at 1 and 8; page size 16 lost 2%.
  *  - Registers: setmaxnreg moves them from the producer to the consumers, within the CTA's. The
- *    paged producer keeps up to 8 row pointers a lane and takes 72 (with 56 it spilled 88-136
- *    bytes, which slowed even the TMA tiles 5-10%), leaving the consumers 216 (they use up to
- *    R206); ragged takes 56 / 224, or 32 with three consumers of 160 (152 spilled in the tile
- *    loop and ran 25% slower, measured).
+ *    paged producer at head_dim 64 and 128 (8 row pointers a lane at 128) takes 72 (with 56 it
+ *    spilled 24-136 bytes, which slowed even the TMA tiles 5-10%), leaving the consumers 216
+ *    (they use up to R206). Head_dim 256's consumers need 224 (216 ran 7-11% slower), and its
+ *    producer fits 56 by taking row pointers by shuffles. Ragged takes 56 / 224, or 32 with three
+ *    consumers of 160 (152 spilled in the tile loop and ran 25% slower, measured).
  */
 constexpr int kRingStages = 2;  // K/V tiles in the ring (Shape's comment says why two)
 
@@ -369,8 +370,9 @@ struct Shape {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockN = D <= 128 ? 128 : 64;
   static constexpr int kStages = kRingStages;
-  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : kPaged ? 72 : 56;
-  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kPaged ? 216 : 224;
+  static constexpr bool kBigProducer = kPaged && D <= 128;  // Registers (above) says why
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : kBigProducer ? 72 : 56;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kBigProducer ? 216 : 224;
   static_assert(kConsumers == 2 || (kConsumers == 3 && !kPaged), "three consumers: ragged only");
   // setmaxnreg moves registers within what the CTA got at launch, kThreads x the launch bound's
   // share (one CTA an SM: 65536 / kThreads in steps of 8): a warpgroup asking for more waits
@@ -463,14 +465,15 @@ inline void EncodeTokensMap(CUtensorMap* map, const T* base, int64_t tokens, int
 }
 
 /*!
- * \brief Rows per paged box: whole pages of 32 to 128 rows that tile kBlockN, or kBlockN rows of
- * larger pages that kBlockN divides; 0 (cp.async only) for other block sizes. Pages of 16 go by
- * cp.async: eight boxes a tile from one thread ran 3-8% slower than the whole warpgroup's copies.
+ * \brief Rows per paged box: whole pages that tile kBlockN in at most four boxes, or kBlockN rows
+ * of larger pages that kBlockN divides; 0 (cp.async only) for other block sizes. Pages of 16 at
+ * head_dim 128 go by cp.async: eight boxes a tile from one thread ran 2-9% slower than the whole
+ * warpgroup's copies.
  */
 template <int D>
 inline int PagedBoxRows(int64_t block_size) {
   constexpr int kBlockN = Shape<D, true>::kBlockN;
-  if (block_size >= 32 && block_size <= kBlockN && kBlockN % block_size == 0) return static_cast<int>(block_size);
+  if (block_size * 4 >= kBlockN && block_size <= kBlockN && kBlockN % block_size == 0) return static_cast<int>(block_size);
   if (block_size > kBlockN && block_size % kBlockN == 0) return kBlockN;
   return 0;
 }
@@ -613,12 +616,13 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         // lanes share a row, each copying 16 of every kLanes * 16 contiguous bytes, so one copy
         // instruction of a warp moves 64 (head_dim >= 128) or 128 bytes (64) of each of
         // kRowsPerCopy rows. The rows' addresses are looked up before the stage wait, like the TMA
-        // path's block ids: at head_dim >= 128 each lane looks up the rows it copies and keeps a
+        // path's block ids: at head_dim 128 each lane looks up the rows it copies and keeps a
         // pointer to each, so a copy is one instruction (pointer and immediates); at 64 that
-        // would be 16 pointers a lane (they spill), so each lane looks up rows lane + 32 i and
-        // the copies take their pointers by shuffles.
+        // would be 16 pointers a lane (they spill), and at 256 the producer has 56 registers, so
+        // there each lane looks up rows lane + 32 i and the copies take their pointers by
+        // shuffles (one a row: 4 or 8 copies of it follow).
         constexpr int kLanes = kChunks >= 16 ? 4 : 8, kRowsPerCopy = 32 / kLanes;
-        constexpr bool kOwnRows = kLanes == 4;
+        constexpr bool kOwnRows = kChunks == 16;
         constexpr int kRowsPerWarp = kBlockN / 2;
         constexpr int kHeld = kOwnRows ? kRowsPerWarp / kRowsPerCopy : kRowsPerWarp / 32;
         const int lane = t % 32, warp_row0 = t % 64 / 32 * kRowsPerWarp;
