@@ -136,41 +136,43 @@ def decode_attention_calls():
 
 
 def prefill_attention_calls():
-    # Every head_dim, ragged and paged (block sizes 1/7/16), lengths 0 to 300 with len_k > len_q,
-    # causal or not, window and soft cap, tree masks (and one short mask), and bad block ids,
-    # seq_lens and prefix sums (clamped / masked, never read); long ragged requests at head_dim 64.
+    # Every head_dim, ragged and paged (block sizes 1/7/16 by cp.async, 32 by TMA boxes), lengths 0
+    # to 300 with len_k > len_q, causal or not, window and soft cap, tree masks (and one short mask),
+    # and bad block ids, seq_lens and prefix sums (clamped / masked, never read); long ragged
+    # requests at head_dim 64.
     from mllm_kernel.kernels.prefill_attention import pop_prefill_attention_error
     from mllm_kernel.kernels.prefill_attention.cases import make_paged_prefill_case, make_ragged_case, tree_mask
 
     gen = torch.Generator().manual_seed(0)
     lens_q, lens_k = [1, 130, 0, 17], [5, 130, 9, 300]
-    # On an H100/H200 both kernels by name (the Hopper one takes block sizes 7 and 1 through its
+    # On an H100/H200 both kernels by name (the Hopper one takes block sizes 1, 7 and 16 through its
     # cp.async path); elsewhere "sm90" raises, so only the automatic choice runs.
     backends = ("auto", "fa2", "sm90") if torch.cuda.get_device_capability() == (9, 0) else ("auto",)
     chosen = os.environ.get("MLLM_KERNEL_PREFILL_BACKEND")
     for backend, dtype in ((b, d) for b in backends for d in (torch.float16, torch.bfloat16)):
         os.environ["MLLM_KERNEL_PREFILL_BACKEND"] = backend
-        for head_dim, heads, kv_heads, block in ((64, 8, 2, 7), (128, 16, 2, 16), (256, 8, 8, 1)):
+        for head_dim, heads, kv_heads, blocks in ((64, 8, 2, (7,)), (128, 16, 2, (16, 32)), (256, 8, 8, (1,))):
             ragged = make_ragged_case(lens_q, lens_k, heads, kv_heads, head_dim, dtype, "cuda", gen)
             for causal in (True, False):
                 mk.prefill_attention(*ragged.args(), causal=causal)
             mk.prefill_attention(*ragged.args(), sliding_window=20, logits_soft_cap=10.0)
-            paged = make_paged_prefill_case(lens_q, lens_k, heads, kv_heads, head_dim, block, dtype, "cuda", gen)
-            mk.paged_prefill_attention(*paged.args())
-            mask = torch.cat([tree_mask(k - q, q, gen).flatten() for q, k in zip(lens_q, lens_k)]).cuda()
-            mk.paged_prefill_attention(*paged.args(), custom_mask=mask)
             bad = []
-            mk.paged_prefill_attention(*paged.args(), custom_mask=mask[:-7])  # entries past the end read 0
-            bad.append(pop_prefill_attention_error())
-            table = paged.block_table.clone()
-            table[1, 2] = 10**6
-            mk.paged_prefill_attention(paged.q, paged.k_cache, paged.v_cache, table, paged.cu_seqlens_q, paged.seq_lens)
-            bad.append(pop_prefill_attention_error())
-            seq_lens = paged.seq_lens.clone()
-            seq_lens[3] = 10**6
-            mk.paged_prefill_attention(paged.q, paged.k_cache, paged.v_cache, paged.block_table, paged.cu_seqlens_q,
-                                       seq_lens)
-            bad.append(pop_prefill_attention_error())
+            for block in blocks:
+                paged = make_paged_prefill_case(lens_q, lens_k, heads, kv_heads, head_dim, block, dtype, "cuda", gen)
+                mk.paged_prefill_attention(*paged.args())
+                mask = torch.cat([tree_mask(k - q, q, gen).flatten() for q, k in zip(lens_q, lens_k)]).cuda()
+                mk.paged_prefill_attention(*paged.args(), custom_mask=mask)
+                mk.paged_prefill_attention(*paged.args(), custom_mask=mask[:-7])  # entries past the end read 0
+                bad.append(pop_prefill_attention_error())
+                table = paged.block_table.clone()
+                table[1, 2] = 10**6
+                mk.paged_prefill_attention(paged.q, paged.k_cache, paged.v_cache, table, paged.cu_seqlens_q, paged.seq_lens)
+                bad.append(pop_prefill_attention_error())
+                seq_lens = paged.seq_lens.clone()
+                seq_lens[3] = 10**6
+                mk.paged_prefill_attention(paged.q, paged.k_cache, paged.v_cache, paged.block_table, paged.cu_seqlens_q,
+                                           seq_lens)
+                bad.append(pop_prefill_attention_error())
             cu_q = ragged.cu_seqlens_q.clone()
             cu_q[1], cu_q[2] = 10**6, -5
             mk.prefill_attention(ragged.q, ragged.k, ragged.v, cu_q, ragged.cu_seqlens_k)

@@ -15,6 +15,7 @@ from mllm_kernel.kernels.checks import FLOATS, Checks, bench_case, dtype_name
 from mllm_kernel.kernels.prefill_attention import paged_prefill_attention, prefill_attention
 
 NEG_INF = float("-inf")
+REF_ROWS = 1024  # query rows per step of ref_attention
 
 
 # ----------------------------------------------------------------------------- references
@@ -39,23 +40,30 @@ def allowed_keys(len_q: int, len_k: int, causal: bool = True, sliding_window: in
 
 
 def ref_attention(q, k, v, keep, scale, logits_soft_cap=0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """out [Lq, H, D], lse [Lq, H] in float64 for one request: q [Lq, H, D], k, v [Lk, KH, D],
-    keep bool [Lq, Lk]. A query without keys: out 0, lse -inf."""
+    """out [Lq, H, D], lse [Lq, H] in float64 on the CPU for one request: q [Lq, H, D], k, v
+    [Lk, KH, D], keep bool [Lq, Lk]. A query without keys: out 0, lse -inf. Computed in float64 on
+    q's device (a GPU's float64 products are as exact as the CPU's and far faster on the long
+    CUDA cases), REF_ROWS query rows at a time so that the logits stay small."""
     len_q, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
-    qd = q.double().cpu().view(len_q, num_kv_heads, group, head_dim)
-    kd, vd = k.double().cpu(), v.double().cpu()
-    logits = torch.einsum("qkgd,nkd->kgqn", qd, kd) * scale  # [KH, G, Lq, Lk]
-    if logits_soft_cap > 0:
-        logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
-    logits = logits.masked_fill(~keep, NEG_INF)
-    lse = torch.logsumexp(logits, dim=-1)  # [KH, G, Lq]
-    finite = torch.isfinite(lse)
-    p = torch.exp(logits - torch.where(finite, lse, 0.0).unsqueeze(-1))
-    p = torch.where(finite.unsqueeze(-1), p, 0.0)
-    out = torch.einsum("kgqn,nkd->qkgd", p, vd).reshape(len_q, num_heads, head_dim)
-    return out, lse.permute(2, 0, 1).reshape(len_q, num_heads)
+    device = q.device
+    kd, vd, keep = k.double().to(device), v.double().to(device), keep.to(device)
+    outs, lses = [torch.zeros(0, num_heads, head_dim, dtype=torch.float64)], [torch.zeros(0, num_heads, dtype=torch.float64)]
+    for r0 in range(0, len_q, REF_ROWS):
+        rows = min(REF_ROWS, len_q - r0)
+        qd = q[r0:r0 + rows].double().reshape(rows, num_kv_heads, group, head_dim)
+        logits = torch.einsum("qkgd,nkd->kgqn", qd, kd) * scale  # [KH, G, rows, Lk]
+        if logits_soft_cap > 0:
+            logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
+        logits = logits.masked_fill(~keep[r0:r0 + rows], NEG_INF)
+        lse = torch.logsumexp(logits, dim=-1)  # [KH, G, rows]
+        finite = torch.isfinite(lse)
+        p = torch.exp(logits - torch.where(finite, lse, 0.0).unsqueeze(-1))
+        p = torch.where(finite.unsqueeze(-1), p, 0.0)
+        outs.append(torch.einsum("kgqn,nkd->qkgd", p, vd).reshape(rows, num_heads, head_dim).cpu())
+        lses.append(lse.permute(2, 0, 1).reshape(rows, num_heads).cpu())
+    return torch.cat(outs), torch.cat(lses)
 
 
 def ref_prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=True, scale=None, sliding_window=-1,

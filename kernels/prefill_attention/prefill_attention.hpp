@@ -193,6 +193,9 @@ PrefillArgs VerifyPagedPrefill(tvm::ffi::TensorView out, tvm::ffi::TensorView ls
   ValueCheck(v_cache.stride(1) == kh * d && v_cache.stride(2) == d, kOp,
              ": v_cache must be contiguous within a block ([block_size, num_kv_heads, head_dim])");
   ValueCheck(NB.unwrap() < (int64_t{1} << 31), kOp, ": num_blocks = ", NB.unwrap(), " does not fit the int32 block table");
+  // The Hopper kernel's paged copies address a row within its block in int elements.
+  ValueCheck(bs * kh * d < (int64_t{1} << 31), kOp, ": block_size * num_kv_heads * head_dim must be < 2^31, got ",
+             bs * kh * d);
   ValueCheck(MB.unwrap() * bs < (int64_t{1} << 31) && a.total_q < (int64_t{1} << 31), kOp,
              ": max_blocks_per_seq * block_size and total_q must be < 2^31, got ", MB.unwrap() * bs, " and ",
              a.total_q);

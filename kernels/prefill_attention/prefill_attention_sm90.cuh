@@ -11,10 +11,11 @@
  *  - warpgroup 0 is the producer. Its thread 64 copies each unit's Q tile with TMA; warps 0-1 copy
  *    each K tile of kBlockN keys and warps 2-3 each V tile into rings of kStages (Shape) that run
  *    on across units, on barriers of their own ("full", "empty"). Whole tiles of a request's keys
- *    go by TMA (ragged K/V, or pages of 16 to 128 rows that tile kBlockN); the rest (a request's
+ *    go by TMA (ragged K/V, or pages that tile kBlockN in 1-4 boxes); the rest (a request's
  *    last partial tile, small or odd pages, a bad block id) by cp.async, which zero-fills keys
- *    that must not be read (paged: each lane looks up the rows it holds and the copies take
- *    their offsets by shuffles).
+ *    that must not be read. Paged, the lanes look up their rows' addresses before the stage wait
+ *    and keep them, so the copies issue back to back; the copies then arrive on the stage's
+ *    barrier by themselves (the producer goes on) and the consumers fence such tiles for wgmma.
  *  - the other warpgroups are consumers of 64 query rows each: S = Q K^T with shared-memory
  *    operands (wgmma m64nkBlockNk16), the online softmax in registers, O += P V with P from
  *    registers and V transposed by the descriptor. O += P V of tile kt - 1 is issued with S of
@@ -111,6 +112,10 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
         : "r"(smem_address(bar)), "r"(parity)
         : "memory");
   } while (!done);
+}
+/*! \brief Makes \p bar's current phase also wait for this thread's cp.async copies issued so far. */
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
 }
 /*! \brief Makes this thread's completed generic-proxy shared-memory writes visible to wgmma. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -350,8 +355,11 @@ namespace pa = prefill_attention_detail;
  *    227 KiB a block may use, but ran faster with two (H200, benchmarks/TUNING.md, "ring depth"):
  *    ragged 0.3-2%, paged 4-16% at page sizes 64-256 and up to 9% at 1 and 8; page size 16 lost 2%.
  *  - Registers: setmaxnreg moves them from the producer to the consumers, within the CTA's. The
- *    paged producer's copy loop needs 56; the ragged one runs in 32 (with three consumers of 160:
- *    152 spilled in the tile loop and ran 25% slower, measured).
+ *    paged producer at head_dim 64 and 128 (8 row pointers a lane at 128) takes 72 (with 56 it
+ *    spilled 24-136 bytes, which slowed even the TMA tiles 5-10%), leaving the consumers 216
+ *    (they use up to R206). Head_dim 256's consumers need 224 (216 ran 7-11% slower), and its
+ *    producer fits 56 by taking row pointers by shuffles. Ragged takes 56 / 224, or 32 with three
+ *    consumers of 160 (152 spilled in the tile loop and ran 25% slower, measured).
  */
 constexpr int kRingStages = 2;  // K/V tiles in the ring (Shape's comment says why two)
 
@@ -362,8 +370,9 @@ struct Shape {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockN = D <= 128 ? 128 : 64;
   static constexpr int kStages = kRingStages;
-  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 56;
-  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 224;
+  static constexpr bool kBigProducer = kPaged && D <= 128;  // Registers (above) says why
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : kBigProducer ? 72 : 56;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kBigProducer ? 216 : 224;
   static_assert(kConsumers == 2 || (kConsumers == 3 && !kPaged), "three consumers: ragged only");
   // setmaxnreg moves registers within what the CTA got at launch, kThreads x the launch bound's
   // share (one CTA an SM: 65536 / kThreads in steps of 8): a warpgroup asking for more waits
@@ -403,6 +412,7 @@ struct CtaState {
   uint64_t v_full[kRingStages];   // its 64 V loaders: the stage's V tile landed
   uint64_t k_empty[kRingStages];  // every consumer thread: done with the stage's K tile
   uint64_t v_empty[kRingStages];  // ... and with its V tile
+  uint32_t copied[2][kRingStages];  // paged: the stage's K (0) or V (1) tile went by cp.async
   Unit unit[2];
   Unit handed[2];
 };
@@ -455,13 +465,15 @@ inline void EncodeTokensMap(CUtensorMap* map, const T* base, int64_t tokens, int
 }
 
 /*!
- * \brief Rows per paged box: whole pages of 16 to 128 rows that tile kBlockN, or kBlockN rows of
- * larger pages that kBlockN divides; 0 (cp.async only) for other block sizes.
+ * \brief Rows per paged box: whole pages that tile kBlockN in at most four boxes, or kBlockN rows
+ * of larger pages that kBlockN divides; 0 (cp.async only) for other block sizes. Pages of 16 at
+ * head_dim 128 go by cp.async: eight boxes a tile from one thread ran 2-9% slower than the whole
+ * warpgroup's copies.
  */
 template <int D>
 inline int PagedBoxRows(int64_t block_size) {
   constexpr int kBlockN = Shape<D, true>::kBlockN;
-  if (block_size >= 16 && block_size <= kBlockN && kBlockN % block_size == 0) return static_cast<int>(block_size);
+  if (block_size * 4 >= kBlockN && block_size <= kBlockN && kBlockN % block_size == 0) return static_cast<int>(block_size);
   if (block_size > kBlockN && block_size % kBlockN == 0) return kBlockN;
   return 0;
 }
@@ -536,7 +548,6 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     uint64_t* empty = loads_k ? cta.k_empty : cta.v_empty;
     const T* src_base = loads_k ? p.k : p.v;
     const int64_t src_stride = loads_k ? p.k_stride : p.v_stride;
-    const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * D;
     int g = 0;  // tiles this CTA has copied: tile g goes to stage g % kStages
     for (int j = 0;; ++j) {
       Unit& u = cta.unit[j % 2];
@@ -601,25 +612,36 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
             }
           }
         }
-        // Paged tiles that go by cp.async (block sizes without TMA boxes, bad block ids): each lane
-        // of a loader warp looks up the rows it holds, before the stage wait too, and the warp's
-        // copies take the rows' offsets from those lanes by shuffles, so no copy waits on a
-        // block-id load of its own.
-        constexpr int kRowsPerWarp = kBlockN / 2, kHeld = kRowsPerWarp / 32;
+        // Paged tiles that go by cp.async (block sizes without TMA boxes, bad block ids): kLanes
+        // lanes share a row, each copying 16 of every kLanes * 16 contiguous bytes, so one copy
+        // instruction of a warp moves 64 (head_dim >= 128) or 128 bytes (64) of each of
+        // kRowsPerCopy rows. The rows' addresses are looked up before the stage wait, like the TMA
+        // path's block ids: at head_dim 128 each lane looks up the rows it copies and keeps a
+        // pointer to each, so a copy is one instruction (pointer and immediates); at 64 that
+        // would be 16 pointers a lane (they spill), and at 256 the producer has 56 registers, so
+        // there each lane looks up rows lane + 32 i and the copies take their pointers by
+        // shuffles (one a row: 4 or 8 copies of it follow).
+        constexpr int kLanes = kChunks >= 16 ? 4 : 8, kRowsPerCopy = 32 / kLanes;
+        constexpr bool kOwnRows = kChunks == 16;
+        constexpr int kRowsPerWarp = kBlockN / 2;
+        constexpr int kHeld = kOwnRows ? kRowsPerWarp / kRowsPerCopy : kRowsPerWarp / 32;
         const int lane = t % 32, warp_row0 = t % 64 / 32 * kRowsPerWarp;
-        int64_t held[kHeld];  // elements from src_base to the row's K or V of head kvh; -1: not read
+        const T* held[kHeld];  // K or V of head kvh of the held rows (own rows: at this lane's bytes); null: not read
         int bad_j = -1, bad_block = 0;  // a bad block id met by this thread (recorded once below)
         if (kPaged && !paged_tma) {
+          const T* lane_base = src_base + static_cast<int64_t>(kvh) * D + (kOwnRows ? lane % kLanes * 8 : 0);
 #pragma unroll
           for (int i = 0; i < kHeld; ++i) {
-            const int key = key0 + warp_row0 + i * 32 + lane;
-            held[i] = -1;
+            const int row = kOwnRows ? lane / kLanes + kRowsPerCopy * i : lane + 32 * i;
+            const int key = key0 + warp_row0 + row;
+            held[i] = nullptr;
             if (key < hi) {
               const uint32_t jb = p.block_size.div(static_cast<uint32_t>(key));
               const int32_t block = table[jb];
               if (block >= 0 && block < p.num_blocks) {
-                held[i] = block * src_stride + (key - static_cast<int64_t>(jb) * p.block_size.d) * row_elems +
-                          static_cast<int64_t>(kvh) * D;
+                // A row within a block is block_size * num_kv_heads * D elements at most: int.
+                const int in_block = (key - static_cast<int>(jb * p.block_size.d)) * p.num_kv_heads * D;
+                held[i] = lane_base + block * src_stride + in_block;
               } else if (loads_k) {
                 bad_j = jb;
                 bad_block = block;
@@ -654,6 +676,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
             for (int r = t; r < kBlockN; r += 64) key_ok[stage * kBlockN + r] = 1;
           }
           if (t % 64 == 0) {
+            cta.copied[!loads_k][stage] = 0;
             mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
 #pragma unroll
             for (int i = 0; i < kMaxBoxes; ++i) {
@@ -672,19 +695,39 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           continue;
         }
         if constexpr (kPaged) {
+          // Chunk c = kLanes q + lane % kLanes of row r = r0 + kRowsPerCopy i lands at
+          // sw128_offset(r, c): column block c / 8 = kLanes q / 8 + lane % kLanes / 8, chunk
+          // (c % 8) ^ (r % 8) within the row. Both split into a lane's part and a part of (i, q)
+          // on disjoint bits: c % 8 = (kLanes q) % 8 ^ lane % kLanes % 8 and r % 8 =
+          // (kRowsPerCopy i) % 8 ^ lane / kLanes, so the chunk is swizzle ^ m(i, q), m in {0, 2, 4, 6}.
           if (loads_k) {
 #pragma unroll
-            for (int i = 0; i < kHeld; ++i) key_ok[stage * kBlockN + warp_row0 + i * 32 + lane] = held[i] >= 0;
+            for (int i = 0; i < kHeld; ++i) {
+              if (!kOwnRows || lane % kLanes == 0) {
+                key_ok[stage * kBlockN + warp_row0 + (kOwnRows ? lane / kLanes + kRowsPerCopy * i : lane + 32 * i)] =
+                    held[i] != nullptr;
+              }
+            }
           }
-          constexpr int kRowsPerCopy = 32 / kChunks;  // rows one copy instruction of a warp covers
-          const int c = lane % kChunks;
-#pragma unroll 4
-          for (int n = 0; n < kRowsPerWarp / kRowsPerCopy; ++n) {
-            const int r = n * kRowsPerCopy + lane / kChunks;  // the row within the warp's
-            const int64_t h = n * kRowsPerCopy < 32 ? held[0] : held[kHeld - 1];  // rows 32-63 in held[1]
-            const int64_t off = __shfl_sync(device::kFullMask, h, r % 32);
-            device::cp_async_16(dst + sw128_offset<kBlockN>(warp_row0 + r, c), src_base + (off >= 0 ? off + c * 8 : 0),
-                                off >= 0);
+          const int r0 = warp_row0 + lane / kLanes, swizzle = (lane % kLanes % 8) ^ (lane / kLanes);
+          unsigned char* const lane_dst = dst + lane % kLanes / 8 * (kBlockN * 128) + r0 * 128;
+          unsigned char* const row_dst[4] = {lane_dst + (swizzle << 4), lane_dst + ((swizzle ^ 2) << 4),
+                                             lane_dst + ((swizzle ^ 4) << 4), lane_dst + ((swizzle ^ 6) << 4)};
+#pragma unroll
+          for (int i = 0; i < kRowsPerWarp / kRowsPerCopy; ++i) {
+            const T* row = held[kOwnRows ? i : i * kRowsPerCopy / 32];
+            if constexpr (!kOwnRows) {  // from the lane that looked it up
+              const auto bits = reinterpret_cast<unsigned long long>(row);
+              row = reinterpret_cast<const T*>(__shfl_sync(device::kFullMask, bits, (i * kRowsPerCopy + lane / kLanes) % 32));
+            }
+            const bool ok = row != nullptr;
+            const T* src = ok ? row + (kOwnRows ? 0 : lane % kLanes * 8) : src_base;
+#pragma unroll
+            for (int q = 0; q < kChunks / kLanes; ++q) {
+              const int m = (kLanes * q % 8) ^ (kRowsPerCopy * i % 8);
+              device::cp_async_16(row_dst[m / 2] + kLanes * q / 8 * (kBlockN * 128) + kRowsPerCopy * i * 128,
+                                  src + q * kLanes * 8, ok);
+            }
           }
         } else {
           // A ragged request's last tile: its row offsets are arithmetic, nothing to look up.
@@ -699,9 +742,16 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           }
         }
         if (kPaged && bad_j >= 0 && u.head % p.group == 0) pa::record(p.error, pa::kBlockTable, u.request, bad_j, bad_block);
-        device::cp_async_commit();
-        device::cp_async_wait<0>();  // this stage's tile (zero-filled where not read)
-        fence_proxy_async();
+        if constexpr (kPaged) {
+          // The stage's phase completes once every loader's copies have landed; the producer
+          // goes on to the next tile's lookups meanwhile. The consumers fence them for wgmma.
+          if (t % 64 == 0) cta.copied[!loads_k][stage] = 1;
+          cp_async_mbarrier_arrive(&full[stage]);
+        } else {  // a ragged request's last tile
+          device::cp_async_commit();
+          device::cp_async_wait<0>();  // this stage's tile (zero-filled where not read)
+          fence_proxy_async();
+        }
         mbarrier_arrive(&full[stage]);
       }
     }
@@ -710,6 +760,11 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
 
   // -------------------------------------------------------------- consumer warpgroups
   registers_increase<Tile::kConsumerRegs>();
+  // Paged tiles copied by cp.async (generic proxy) reach wgmma (async proxy) through a proxy
+  // fence after the stage's wait; TMA tiles need none.
+  auto fence_copies = [&](int kv, int stage) {
+    if (kPaged && cta.copied[kv][stage]) fence_proxy_async();
+  };
   // Through a shuffle, so that the compiler knows it to be warp-uniform: the Q descriptors built
   // from it then live in uniform registers (otherwise each product's descriptor is computed in
   // ordinary registers and moved over, 5 instructions per wgmma).
@@ -919,6 +974,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     if (num_tiles > 0) {
       float rescale[2];
       mbarrier_wait(&cta.k_full[g % kStages], (g / kStages) & 1);
+      fence_copies(0, g % kStages);
       wait_turn();
       fence_registers(s);
       wgmma_fence();
@@ -933,12 +989,14 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         const int stage = (g + kt) % kStages, prev = (g + kt - 1) % kStages;
         pack_p();
         mbarrier_wait(&cta.k_full[stage], ((g + kt) / kStages) & 1);
+        fence_copies(0, stage);
         wait_turn();
         fence_registers(s);
         fence_registers(o);
         wgmma_fence();
         issue_qk(stage);
         mbarrier_wait(&cta.v_full[prev], ((g + kt - 1) / kStages) & 1);
+        fence_copies(1, prev);
         issue_pv(prev);
         pass_turn();
         wgmma_wait<1>();  // S of tile kt
@@ -957,6 +1015,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
       const int last = (g + num_tiles - 1) % kStages;
       pack_p();
       mbarrier_wait(&cta.v_full[last], ((g + num_tiles - 1) / kStages) & 1);
+      fence_copies(1, last);
       wait_turn();
       fence_registers(o);
       wgmma_fence();

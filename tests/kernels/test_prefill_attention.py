@@ -3,7 +3,7 @@ references of kernels/prefill_attention/cases.py.
 
 CPU tests run once per SIMD target (conftest.py's autouse `simd_target` fixture) and cover a
 representative subset at short lengths; the CUDA tests run the full matrix (every head_dim x
-dtype x group size, block sizes 1/16/64, lengths 1 to 4097), CUDA-graph replay with changed
+dtype x group size, block sizes 1/16/24/32/64, lengths 1 to 4097), CUDA-graph replay with changed
 lengths and the device-side error record.
 
 Tolerances as test_decode_attention.py: an output is a convex combination of V rows; lse
@@ -153,8 +153,8 @@ def test_cpu_paged_reference(dtype, block_size):
     check_paged_reference("cpu", dtype, block_size)
 
 
-@cuda_only
-@pytest.mark.parametrize("block_size", [1, 16, 64])
+@cuda_only  # 24: cp.async at a size that tiles nothing; 32: the smallest pages that go by TMA boxes
+@pytest.mark.parametrize("block_size", [1, 16, 24, 32, 64])
 @pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
 def test_cuda_paged_reference(dtype, block_size):
     check_paged_reference("cuda", dtype, block_size)
@@ -455,6 +455,18 @@ def test_cpu_bad_cu_seqlens(bad):
     with pytest.raises(ValueError, match="cu_seqlens_q"):
         prefill_attention(case.q, case.k, case.v, cq, case.cu_seqlens_k, out=out)
     assert torch.isnan(out).all(), "nothing is written before the check"
+
+
+def test_paged_block_over_2_31_elements_raises():
+    # A block of 2^31 elements or more (4 GiB of bfloat16 K) is refused by name before anything is
+    # read: the Hopper kernel addresses a row within a block in int elements.
+    k_cache = torch.empty((1, 2**21, 8, 128), dtype=torch.bfloat16)  # never touched: virtual memory only
+    q = torch.zeros(4, 8, 128, dtype=torch.bfloat16)
+    table = torch.zeros(1, 1, dtype=torch.int32)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    lens = torch.tensor([4], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"block_size \* num_kv_heads \* head_dim must be < 2\^31"):
+        paged_prefill_attention(q, k_cache, k_cache, table, cu, lens)
 
 
 def test_cpu_bad_paged_indices():
