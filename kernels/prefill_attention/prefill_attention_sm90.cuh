@@ -396,6 +396,7 @@ struct Unit {
   int shift;            // query j sits at position j + shift
   int lo, hi;           // the keys the unit's rows can see: [lo, hi)
   int num_tiles;        // ... in tiles of kBlockN
+  int tma_tiles;        // paged: tiles [0, tma_tiles) go by TMA boxes when their block ids are valid
 };
 
 /*!
@@ -412,7 +413,6 @@ struct CtaState {
   uint64_t v_full[kRingStages];   // its 64 V loaders: the stage's V tile landed
   uint64_t k_empty[kRingStages];  // every consumer thread: done with the stage's K tile
   uint64_t v_empty[kRingStages];  // ... and with its V tile
-  uint32_t copied[2][kRingStages];  // paged: the stage's K (0) or V (1) tile went by cp.async
   Unit unit[2];
   Unit handed[2];
 };
@@ -572,6 +572,9 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           u.lo = lo;
           u.hi = hi;
           u.num_tiles = hi > lo ? (hi - lo + kBlockN - 1) / kBlockN : 0;
+          // Whole tiles that start on a box (paged_rows, a power of two, divides kBlockN). The
+          // consumers fence the other tiles, which go by cp.async, for wgmma.
+          u.tma_tiles = maps.paged_rows > 0 && (lo & (maps.paged_rows - 1)) == 0 && hi > lo ? (hi - lo) / kBlockN : 0;
         }
       }
       asm volatile("bar.sync %0, 128;\n" ::"n"(kProducerBarrier) : "memory");  // unit j is written
@@ -601,7 +604,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         int32_t blocks[kMaxBoxes];
         bool paged_tma = false;
         if constexpr (kPaged) {
-          if (maps.paged_rows > 0 && key0 + kBlockN <= hi && key0 % maps.paged_rows == 0) {
+          if (kt < u.tma_tiles) {
             paged_tma = true;
 #pragma unroll
             for (int i = 0; i < kMaxBoxes; ++i) {
@@ -676,7 +679,6 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
             for (int r = t; r < kBlockN; r += 64) key_ok[stage * kBlockN + r] = 1;
           }
           if (t % 64 == 0) {
-            cta.copied[!loads_k][stage] = 0;
             mbarrier_arrive_expect_tx(&full[stage], kTileBytes);
 #pragma unroll
             for (int i = 0; i < kMaxBoxes; ++i) {
@@ -742,12 +744,11 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           }
         }
         if (kPaged && bad_j >= 0 && u.head % p.group == 0) pa::record(p.error, pa::kBlockTable, u.request, bad_j, bad_block);
-        if constexpr (kPaged) {
+        if (kPaged && kt >= u.tma_tiles) {
           // The stage's phase completes once every loader's copies have landed; the producer
-          // goes on to the next tile's lookups meanwhile. The consumers fence them for wgmma.
-          if (t % 64 == 0) cta.copied[!loads_k][stage] = 1;
+          // goes on to the next tile's lookups meanwhile. The consumers fence such tiles.
           cp_async_mbarrier_arrive(&full[stage]);
-        } else {  // a ragged request's last tile
+        } else {  // a ragged request's last tile, or a TMA tile with a bad block id (rare)
           device::cp_async_commit();
           device::cp_async_wait<0>();  // this stage's tile (zero-filled where not read)
           fence_proxy_async();
@@ -761,9 +762,11 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
   // -------------------------------------------------------------- consumer warpgroups
   registers_increase<Tile::kConsumerRegs>();
   // Paged tiles copied by cp.async (generic proxy) reach wgmma (async proxy) through a proxy
-  // fence after the stage's wait; TMA tiles need none.
-  auto fence_copies = [&](int kv, int stage) {
-    if (kPaged && cta.copied[kv][stage]) fence_proxy_async();
+  // fence after the stage's wait; TMA tiles need none. Which tiles those are follows from the
+  // unit (Unit::tma_tiles), known before the wait.
+  int tma_tiles = 0;
+  auto fence_copies = [&](int kt) {
+    if (kPaged && kt >= tma_tiles) fence_proxy_async();
   };
   // Through a shuffle, so that the compiler knows it to be warp-uniform: the Q descriptors built
   // from it then live in uniform registers (otherwise each product's descriptor is computed in
@@ -952,6 +955,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     // shared memory would leave the products' loop "divergent", and ptxas serializes wgmma there).
     if (__shfl_sync(device::kFullMask, u.index, 0) >= num_units) break;
     const int num_tiles = __shfl_sync(device::kFullMask, u.num_tiles, 0);
+    if (kPaged) tma_tiles = __shfl_sync(device::kFullMask, u.tma_tiles, 0);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       m[h] = -INFINITY;
@@ -974,7 +978,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
     if (num_tiles > 0) {
       float rescale[2];
       mbarrier_wait(&cta.k_full[g % kStages], (g / kStages) & 1);
-      fence_copies(0, g % kStages);
+      fence_copies(0);
       wait_turn();
       fence_registers(s);
       wgmma_fence();
@@ -989,14 +993,14 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         const int stage = (g + kt) % kStages, prev = (g + kt - 1) % kStages;
         pack_p();
         mbarrier_wait(&cta.k_full[stage], ((g + kt) / kStages) & 1);
-        fence_copies(0, stage);
+        fence_copies(kt);
         wait_turn();
         fence_registers(s);
         fence_registers(o);
         wgmma_fence();
         issue_qk(stage);
         mbarrier_wait(&cta.v_full[prev], ((g + kt - 1) / kStages) & 1);
-        fence_copies(1, prev);
+        fence_copies(kt - 1);
         issue_pv(prev);
         pass_turn();
         wgmma_wait<1>();  // S of tile kt
@@ -1015,7 +1019,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
       const int last = (g + num_tiles - 1) % kStages;
       pack_p();
       mbarrier_wait(&cta.v_full[last], ((g + num_tiles - 1) / kStages) & 1);
-      fence_copies(1, last);
+      fence_copies(num_tiles - 1);
       wait_turn();
       fence_registers(o);
       wgmma_fence();
