@@ -189,8 +189,9 @@ def check_sliding_window(device, dtype, window):
     case = make_ragged_case(*PREFIX, 8, 2, 64, dtype, device, gen)
     run_ragged(case, dtype, "causal", sliding_window=window)
     run_ragged(case, dtype, "not causal", sliding_window=window, causal=False)
-    paged = make_paged_prefill_case(*PREFIX, 8, 2, 64, 16, dtype, device, gen)
-    run_paged(paged, dtype, "paged", sliding_window=window)
+    for block_size in (16, 32):  # CUDA: 32 goes by TMA boxes where a unit's first key starts a box
+        paged = make_paged_prefill_case(*PREFIX, 8, 2, 64, block_size, dtype, device, gen)
+        run_paged(paged, dtype, f"paged, block {block_size}", sliding_window=window)
 
 
 @pytest.mark.parametrize("window", [1, 7, 64, 10**6])
