@@ -355,8 +355,8 @@ namespace pa = prefill_attention_detail;
  *    227 KiB a block may use, but ran faster with two (H200, benchmarks/TUNING.md, "ring depth"):
  *    ragged 0.3-2%, paged 4-16% at page sizes 64-256 and up to 9% at 1 and 8; page size 16 lost 2%.
  *  - Registers: setmaxnreg moves them from the producer to the consumers, within the CTA's. The
- *    paged producer at head_dim 64 and 128 (8 row pointers a lane at 128) takes 72 (with 56 it
- *    spilled 24-136 bytes, which slowed even the TMA tiles 5-10%), leaving the consumers 216
+ *    paged producer at head_dim 64 and 128 (block ids and row pointers of 128-key tiles) takes 72
+ *    (with 56 it spills 16 bytes; earlier spills of 24-136 slowed even the TMA tiles 5-10%), leaving the consumers 216
  *    (they use up to R206). Head_dim 256's consumers need 224 (216 ran 7-11% slower), and its
  *    producer fits 56 by taking row pointers by shuffles. Ragged takes 56 / 224, or 32 with three
  *    consumers of 160 (152 spilled in the tile loop and ran 25% slower, measured).
@@ -615,28 +615,23 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
             }
           }
         }
-        // Paged tiles that go by cp.async (block sizes without TMA boxes, bad block ids): kLanes
-        // lanes share a row, each copying 16 of every kLanes * 16 contiguous bytes, so one copy
-        // instruction of a warp moves 64 (head_dim >= 128) or 128 bytes (64) of each of
-        // kRowsPerCopy rows. The rows' addresses are looked up before the stage wait, like the TMA
-        // path's block ids: at head_dim 128 each lane looks up the rows it copies and keeps a
-        // pointer to each, so a copy is one instruction (pointer and immediates); at 64 that
-        // would be 16 pointers a lane (they spill), and at 256 the producer has 56 registers, so
-        // there each lane looks up rows lane + 32 i and the copies take their pointers by
-        // shuffles (one a row: 4 or 8 copies of it follow).
-        constexpr int kLanes = kChunks >= 16 ? 4 : 8, kRowsPerCopy = 32 / kLanes;
-        constexpr bool kOwnRows = kChunks == 16;
+        // Paged tiles that go by cp.async (block sizes without TMA boxes, bad block ids): eight
+        // lanes share a row, each copying 16 of every 128 contiguous bytes, so one copy
+        // instruction of a warp moves whole 128-byte lines of four rows (four lanes a row, half
+        // lines of eight rows, ran 1.07-1.47x slower at pages 1-16, benchmarks/TUNING.md v173).
+        // The rows' addresses are looked up before the stage wait, like the TMA path's block ids:
+        // each lane looks up rows lane + 32 i, and the copies take their pointers by shuffles.
+        constexpr int kLanes = 8, kRowsPerCopy = 32 / kLanes;
         constexpr int kRowsPerWarp = kBlockN / 2;
-        constexpr int kHeld = kOwnRows ? kRowsPerWarp / kRowsPerCopy : kRowsPerWarp / 32;
+        constexpr int kHeld = kRowsPerWarp / 32;
         const int lane = t % 32, warp_row0 = t % 64 / 32 * kRowsPerWarp;
-        const T* held[kHeld];  // K or V of head kvh of the held rows (own rows: at this lane's bytes); null: not read
+        const T* held[kHeld];  // K or V of head kvh of rows lane + 32 i; null: not read
         int bad_j = -1, bad_block = 0;  // a bad block id met by this thread (recorded once below)
         if (kPaged && !paged_tma) {
-          const T* lane_base = src_base + static_cast<int64_t>(kvh) * D + (kOwnRows ? lane % kLanes * 8 : 0);
+          const T* lane_base = src_base + static_cast<int64_t>(kvh) * D;
 #pragma unroll
           for (int i = 0; i < kHeld; ++i) {
-            const int row = kOwnRows ? lane / kLanes + kRowsPerCopy * i : lane + 32 * i;
-            const int key = key0 + warp_row0 + row;
+            const int key = key0 + warp_row0 + lane + 32 * i;
             held[i] = nullptr;
             if (key < hi) {
               const uint32_t jb = p.block_size.div(static_cast<uint32_t>(key));
@@ -705,10 +700,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           if (loads_k) {
 #pragma unroll
             for (int i = 0; i < kHeld; ++i) {
-              if (!kOwnRows || lane % kLanes == 0) {
-                key_ok[stage * kBlockN + warp_row0 + (kOwnRows ? lane / kLanes + kRowsPerCopy * i : lane + 32 * i)] =
-                    held[i] != nullptr;
-              }
+              key_ok[stage * kBlockN + warp_row0 + lane + 32 * i] = held[i] != nullptr;
             }
           }
           const int r0 = warp_row0 + lane / kLanes, swizzle = (lane % kLanes % 8) ^ (lane / kLanes);
@@ -717,13 +709,10 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
                                              lane_dst + ((swizzle ^ 4) << 4), lane_dst + ((swizzle ^ 6) << 4)};
 #pragma unroll
           for (int i = 0; i < kRowsPerWarp / kRowsPerCopy; ++i) {
-            const T* row = held[kOwnRows ? i : i * kRowsPerCopy / 32];
-            if constexpr (!kOwnRows) {  // from the lane that looked it up
-              const auto bits = reinterpret_cast<unsigned long long>(row);
-              row = reinterpret_cast<const T*>(__shfl_sync(device::kFullMask, bits, (i * kRowsPerCopy + lane / kLanes) % 32));
-            }
+            const auto bits = reinterpret_cast<unsigned long long>(held[i * kRowsPerCopy / 32]);  // from the lane that looked it up
+            const T* row = reinterpret_cast<const T*>(__shfl_sync(device::kFullMask, bits, (i * kRowsPerCopy + lane / kLanes) % 32));
             const bool ok = row != nullptr;
-            const T* src = ok ? row + (kOwnRows ? 0 : lane % kLanes * 8) : src_base;
+            const T* src = ok ? row + lane % kLanes * 8 : src_base;
 #pragma unroll
             for (int q = 0; q < kChunks / kLanes; ++q) {
               const int m = (kLanes * q % 8) ^ (kRowsPerCopy * i % 8);
