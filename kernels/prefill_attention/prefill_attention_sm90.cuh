@@ -11,7 +11,7 @@
  *  - warpgroup 0 is the producer. Its thread 64 copies each unit's Q tile with TMA; warps 0-1 copy
  *    each K tile of kBlockN keys and warps 2-3 each V tile into rings of kStages (Shape) that run
  *    on across units, on barriers of their own ("full", "empty"). Whole tiles of a request's keys
- *    go by TMA (ragged K/V, or pages that tile kBlockN in 1-4 boxes); the rest (a request's
+ *    go by TMA (ragged K/V, or pages of kMinBoxRows rows or more); the rest (a request's
  *    last partial tile, small or odd pages, a bad block id) by cp.async, which zero-fills keys
  *    that must not be read. Paged, the lanes look up their rows' addresses before the stage wait
  *    and keep them, so the copies issue back to back; the copies then arrive on the stage's
@@ -363,6 +363,12 @@ namespace pa = prefill_attention_detail;
  */
 constexpr int kRingStages = 2;  // K/V tiles in the ring (Shape's comment says why two)
 
+// Paged caches go by TMA boxes only for pages of at least 32 rows (4 KiB a box of 64 columns):
+// smaller pages go faster by the warpgroup's cp.async copies (H200, benchmarks/TUNING.md v174:
+// pages of 16 at head_dim 256 1.12x; at 128 since v167). Pages of 32 stay on TMA: by cp.async,
+// head_dim 128 causal lost 12%.
+constexpr int kMinBoxRows = 32;
+
 template <int D, bool kPaged, int kConsumers_ = 2>
 struct Shape {
   static constexpr int kConsumers = kConsumers_;
@@ -465,15 +471,13 @@ inline void EncodeTokensMap(CUtensorMap* map, const T* base, int64_t tokens, int
 }
 
 /*!
- * \brief Rows per paged box: whole pages that tile kBlockN in at most four boxes, or kBlockN rows
- * of larger pages that kBlockN divides; 0 (cp.async only) for other block sizes. Pages of 16 at
- * head_dim 128 go by cp.async: eight boxes a tile from one thread ran 2-9% slower than the whole
- * warpgroup's copies.
+ * \brief Rows per paged box: whole pages of at least kMinBoxRows rows that tile kBlockN, or
+ * kBlockN rows of larger pages that kBlockN divides; 0 (cp.async only) for other block sizes.
  */
 template <int D>
 inline int PagedBoxRows(int64_t block_size) {
   constexpr int kBlockN = Shape<D, true>::kBlockN;
-  if (block_size * 4 >= kBlockN && block_size <= kBlockN && kBlockN % block_size == 0) return static_cast<int>(block_size);
+  if (block_size >= kMinBoxRows && block_size <= kBlockN && kBlockN % block_size == 0) return static_cast<int>(block_size);
   if (block_size > kBlockN && block_size % kBlockN == 0) return kBlockN;
   return 0;
 }
@@ -600,7 +604,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         const int key0 = u.lo + kt * kBlockN;
         // Paged: the tile's block ids, read before waiting for the stage (their latency overlaps
         // the wait); the tile goes by TMA when they are all valid.
-        constexpr int kMaxBoxes = kBlockN / 16;
+        constexpr int kMaxBoxes = kBlockN / kMinBoxRows;
         int32_t blocks[kMaxBoxes];
         bool paged_tma = false;
         if constexpr (kPaged) {
