@@ -353,7 +353,9 @@ def check_backend(dtype, head_dim, gen):
     case = make_ragged_case(*CUDA_LONG, *heads, head_dim, dtype, "cuda", gen, q_scale=4.0)
     run_ragged(case, dtype, "long, cap", logits_soft_cap=30.0)
     run_ragged(case, dtype, "long, window", sliding_window=300)
-    for block_size in (1, 16, 128):  # 128: TMA boxes of a page slice at head_dim 256, whole pages below
+    # 1, 16: cp.async; 32: whole pages by TMA boxes (two a tile at head_dim 256); 128: TMA boxes of a
+    # page slice at head_dim 256, whole pages below
+    for block_size in (1, 16, 32, 128):
         paged = make_paged_prefill_case(*CUDA_LONG_PREFIX, *heads, head_dim, block_size, dtype, "cuda", gen)
         run_paged(paged, dtype, f"paged, block {block_size}")
     lens_q, lens_k = [5, 1, 130, 9], [37, 1, 300, 9]
