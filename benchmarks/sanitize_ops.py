@@ -136,7 +136,7 @@ def decode_attention_calls():
 
 
 def prefill_attention_calls():
-    # Every head_dim, ragged and paged (block sizes 1/7/16 by cp.async, 32 by TMA boxes), lengths 0
+    # Every head_dim, ragged and paged (block sizes 1/7/16 by cp.async, 32 by TMA boxes at 128 and 256), lengths 0
     # to 300 with len_k > len_q, causal or not, window and soft cap, tree masks (and one short mask),
     # and bad block ids, seq_lens and prefix sums (clamped / masked, never read); long ragged
     # requests at head_dim 64.
@@ -151,7 +151,7 @@ def prefill_attention_calls():
     chosen = os.environ.get("MLLM_KERNEL_PREFILL_BACKEND")
     for backend, dtype in ((b, d) for b in backends for d in (torch.float16, torch.bfloat16)):
         os.environ["MLLM_KERNEL_PREFILL_BACKEND"] = backend
-        for head_dim, heads, kv_heads, blocks in ((64, 8, 2, (7,)), (128, 16, 2, (16, 32)), (256, 8, 8, (1,))):
+        for head_dim, heads, kv_heads, blocks in ((64, 8, 2, (7,)), (128, 16, 2, (16, 32)), (256, 8, 8, (1, 32))):
             ragged = make_ragged_case(lens_q, lens_k, heads, kv_heads, head_dim, dtype, "cuda", gen)
             for causal in (True, False):
                 mk.prefill_attention(*ragged.args(), causal=causal)
