@@ -625,7 +625,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         // lines of eight rows, ran 1.07-1.47x slower at pages 1-16, benchmarks/TUNING.md v173).
         // The rows' addresses are looked up before the stage wait, like the TMA path's block ids:
         // each lane looks up rows lane + 32 i, and the copies take their pointers by shuffles.
-        constexpr int kLanes = 8, kRowsPerCopy = 32 / kLanes;
+        constexpr int kLanes = 8, kRowsPerCopy = 32 / kLanes;  // the copy loop's swizzle below assumes 8 (whole lines)
         constexpr int kRowsPerWarp = kBlockN / 2;
         constexpr int kHeld = kRowsPerWarp / 32;
         const int lane = t % 32, warp_row0 = t % 64 / 32 * kRowsPerWarp;
@@ -696,21 +696,17 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           continue;
         }
         if constexpr (kPaged) {
-          // Chunk c = kLanes q + lane % kLanes of row r = r0 + kRowsPerCopy i lands at
-          // sw128_offset(r, c): column block c / 8 = kLanes q / 8 + lane % kLanes / 8, chunk
-          // (c % 8) ^ (r % 8) within the row. Both split into a lane's part and a part of (i, q)
-          // on disjoint bits: c % 8 = (kLanes q) % 8 ^ lane % kLanes % 8 and r % 8 =
-          // (kRowsPerCopy i) % 8 ^ lane / kLanes, so the chunk is swizzle ^ m(i, q), m in {0, 2, 4, 6}.
+          // Chunk c = 8 q + lane % 8 of row r = r0 + 4 i lands at sw128_offset(r, c): column block
+          // q, chunk (lane % 8) ^ (r % 8) within the row, and r % 8 = lane / 8 ^ 4 (i % 2)
+          // (warp_row0 is a multiple of 8 and lane / 8 < 4): the lane's swizzle, ^ 4 on odd i.
           if (loads_k) {
 #pragma unroll
             for (int i = 0; i < kHeld; ++i) {
               key_ok[stage * kBlockN + warp_row0 + lane + 32 * i] = held[i] != nullptr;
             }
           }
-          const int r0 = warp_row0 + lane / kLanes, swizzle = (lane % kLanes % 8) ^ (lane / kLanes);
-          unsigned char* const lane_dst = dst + lane % kLanes / 8 * (kBlockN * 128) + r0 * 128;
-          unsigned char* const row_dst[4] = {lane_dst + (swizzle << 4), lane_dst + ((swizzle ^ 2) << 4),
-                                             lane_dst + ((swizzle ^ 4) << 4), lane_dst + ((swizzle ^ 6) << 4)};
+          const int r0 = warp_row0 + lane / kLanes, swizzle = (lane % kLanes) ^ (lane / kLanes);
+          unsigned char* const row_dst[2] = {dst + r0 * 128 + (swizzle << 4), dst + r0 * 128 + ((swizzle ^ 4) << 4)};
 #pragma unroll
           for (int i = 0; i < kRowsPerWarp / kRowsPerCopy; ++i) {
             const auto bits = reinterpret_cast<unsigned long long>(held[i * kRowsPerCopy / 32]);  // from the lane that looked it up
@@ -719,9 +715,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
             const T* src = ok ? row + lane % kLanes * 8 : src_base;
 #pragma unroll
             for (int q = 0; q < kChunks / kLanes; ++q) {
-              const int m = (kLanes * q % 8) ^ (kRowsPerCopy * i % 8);
-              device::cp_async_16(row_dst[m / 2] + kLanes * q / 8 * (kBlockN * 128) + kRowsPerCopy * i * 128,
-                                  src + q * kLanes * 8, ok);
+              device::cp_async_16(row_dst[i % 2] + q * (kBlockN * 128) + kRowsPerCopy * i * 128, src + q * kLanes * 8, ok);
             }
           }
         } else {
