@@ -102,6 +102,16 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
 }
+/*! \brief Whether the phase of parity \p parity of \p bar has completed, without waiting. */
+__device__ __forceinline__ bool mbarrier_test(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_address(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
 /*! \brief Waits until the phase of parity \p parity of \p bar has completed. */
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
@@ -583,8 +593,17 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
       }
       asm volatile("bar.sync %0, 128;\n" ::"n"(kProducerBarrier) : "memory");  // unit j is written
       const bool done = u.index >= num_units;
-      if (t == 64) {  // hand the unit (and its Q) to the consumers once they are done with unit j - 1's Q
-        if (j > 0) mbarrier_wait(&cta.q_empty, (j - 1) & 1);
+      // Thread 64 hands the unit (and its Q) to the consumers once they are done with unit j - 1's
+      // Q. Paged, it looks before and after the stage waits of the unit's first kStages V tiles and
+      // waits only after them, so that its warp's row lookups and V copies do not queue behind the
+      // consumers' last S = Q K^T of unit j - 1 (causal pages 1 and 16: 1.10x and 1.17x; ragged
+      // rows lost up to 3% with it: benchmarks/TUNING.md v178).
+      bool q_owed = t == 64;
+      auto hand_on = [&](bool wait) {
+        if (!q_owed) return;
+        if (j > 0 && wait) mbarrier_wait(&cta.q_empty, (j - 1) & 1);
+        if (j > 0 && !wait && !mbarrier_test(&cta.q_empty, (j - 1) & 1)) return;
+        q_owed = false;
         cta.handed[j % 2] = u;
         if (!done && u.num_tiles > 0) {
           mbarrier_arrive_expect_tx(&cta.q_full, kBlockM * D * 2);
@@ -594,12 +613,14 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         } else {
           mbarrier_arrive(&cta.q_full);
         }
-      }
+      };
+      if (!kPaged || done || u.num_tiles == 0) hand_on(true);
       if (done) break;
       const int kvh = u.head / p.group;
       const int32_t* table = kPaged ? p.block_table + static_cast<int64_t>(u.request) * p.table_stride : nullptr;
       const int hi = u.hi;
       for (int kt = 0; kt < u.num_tiles; ++kt, ++g) {
+        hand_on(kt >= kStages);  // from there, the stage wait below needs the consumers on this unit
         const int stage = g % kStages;
         const int key0 = u.lo + kt * kBlockN;
         // Paged: the tile's block ids, read before waiting for the stage (their latency overlaps
@@ -652,6 +673,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
           }
         }
         if (g >= kStages) mbarrier_wait(&empty[stage], (g / kStages - 1) & 1);
+        hand_on(false);
         unsigned char* dst = kv_tiles + stage * 2 * kTileBytes + (loads_k ? 0 : kTileBytes);
         if (!kPaged && key0 + kBlockN <= hi) {
           // A whole tile of the request's keys: TMA, one box per 64 columns. Tiles that end past
@@ -742,6 +764,7 @@ __global__ void __launch_bounds__((Shape<D, kPaged, kConsumers_>::kThreads), 1)
         }
         mbarrier_arrive(&full[stage]);
       }
+      hand_on(true);
     }
     return;
   }
