@@ -13,6 +13,10 @@
 # MLLM_KERNEL_CUDA_ARCH_LIST (e.g. 9.0a) to build for one target only. ROUNDS=n repeats the
 # palindrome. On the lent GPU machine, tar OUTDIR into $OUT: only a few files come back from it.
 # Default bench args: head_dim 64/128/256 x 16x1024, 8x4096, 2x16384 x causal and full, no peers.
+#
+# KERNELS=1 times the kernels alone instead (no Python between launches; each run takes seconds,
+# so ROUNDS=4 or more): prefill_kernels.cu is built against each variant's folder (nvcc, sm_90a)
+# and run with the args after "--" (its rows, e.g. 128:causal:8x4096:16; default its own set).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=$1; shift
@@ -31,19 +35,29 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
 done
 [ "${1:-}" = "--" ] && shift
 bench_args=("$@")
-[ ${#bench_args[@]} -eq 0 ] && bench_args=(--head-dims 64,128,256 --shapes 16x1024,8x4096,2x16384 --causal both
-                                            --fi-head-dims "" --no-sdpa --no-mma)
+kernels=${KERNELS:-0}
+[ ${#bench_args[@]} -eq 0 ] && [ "$kernels" = 0 ] &&
+  bench_args=(--head-dims 64,128,256 --shapes 16x1024,8x4096,2x16384 --causal both --fi-head-dims "" --no-sdpa --no-mma)
 export MLLM_KERNEL_CACHE_DIR=${MLLM_KERNEL_CACHE_DIR:-${TMPDIR:-/tmp}/mllm_kernel_ab_cache} PYTHONUNBUFFERED=1
 
 start=$(date +%s)
-for v in "${variants[@]}"; do
+if [ "$kernels" != 0 ]; then
+  tvm=$(python3 -c "import os, tvm_ffi; print(os.path.dirname(tvm_ffi.__file__))")
+  for v in "${variants[@]}"; do
+    (cd "${TMPDIR:-/tmp}/mllm_kernel_ab/$v" &&
+     "${CUDA_HOME:+$CUDA_HOME/bin/}nvcc" -std=c++20 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels/prefill_attention \
+       -Iinclude -I"$tvm/include" -I"$tvm/include/dlpack" benchmarks/tuning/prefill_kernels.cu -o prefill_kernels \
+       -L"$tvm/lib" -ltvm_ffi -Xlinker -rpath="$tvm/lib" > "$out/build_$v.log" 2>&1 ||
+     echo "build of $v failed: $out/build_$v.log") &
+  done
+else for v in "${variants[@]}"; do
   (cd "${TMPDIR:-/tmp}/mllm_kernel_ab/$v" && python3 -c "
 import sys; sys.path.insert(0, '.')
 import mllm_kernel.kernels as kernels
 specs = kernels.package('prefill_attention').SPECS
 for spec in (specs.values() if isinstance(specs, dict) else specs): spec.build()
 " > "$out/build_$v.log" 2>&1 || echo "build of $v failed: $out/build_$v.log") &
-done
+done; fi
 wait
 echo "built ${variants[*]} in $(( $(date +%s) - start )) s"
 
@@ -51,8 +65,14 @@ order=("${variants[@]}")
 for (( i=${#variants[@]}-1; i>=0; i-- )); do order+=("${variants[$i]}"); done
 for (( r=0; r<${ROUNDS:-1}; r++ )); do
   for v in "${order[@]}"; do
+    dir=${TMPDIR:-/tmp}/mllm_kernel_ab/$v
+    if [ "$kernels" != 0 ]; then
+      n=$(ls "$out" | grep -c "^k_${v}[0-9]*\.log$" || true)
+      "$dir/prefill_kernels" "${bench_args[@]}" > "$out/k_$v$n.log" 2>&1 || echo "run of $v failed: $out/k_$v$n.log"
+      continue
+    fi
     n=$(ls "$out" | grep -c "^p_${v}[0-9]*\.json$" || true)
-    (cd "${TMPDIR:-/tmp}/mllm_kernel_ab/$v" &&
+    (cd "$dir" &&
      python3 benchmarks/bench_prefill_attention.py "${bench_args[@]}" --json "$out/p_$v$n.json" > "$out/p_$v$n.log" 2>&1) ||
       echo "bench of $v failed: $out/p_$v$n.log"
   done

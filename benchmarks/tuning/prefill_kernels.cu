@@ -1,10 +1,16 @@
 // Times the prefill attention kernels alone (plan + attention kernel, no Python, no checks) on
 // synthetic bf16 inputs, 32 query / 8 KV heads: the Hopper kernel by default, the mma.sync kernel
-// with `mma`. Ragged, and paged with a shuffled block table (bs = 16, 64; with `pages`, block
-// sizes 1 to 256 at head_dim 64/128/256). TFLOP/s as
+// with `mma`. Ragged, and paged with a shuffled block table. TFLOP/s as
 // benchmarks/bench_prefill_attention.py counts them. The experiments behind RESULTS.md's
 // "Prefill attention, Hopper path" steps: build a copy of kernels/prefill_attention with a change
-// and point the include path at it. Run: benchmarks/tuning/prefill_kernels.sh [KERNEL_DIR [pages]]
+// and point the include path at it (benchmarks/tuning/ab_prefill.sh does that with KERNELS=1).
+//
+//   prefill_kernels [mma] [pages | ROW...] [--list]
+//
+// Rows: a default set; `pages` sweeps block sizes 1 to 256 at head_dim 64/128/256; or rows given
+// as HEAD_DIM:causal|full:BATCHxSEQ[:BLOCK_SIZE] (e.g. 128:causal:8x4096:16; no block size or 0:
+// ragged). `--list` prints the rows without touching the GPU.
+// Run: benchmarks/tuning/prefill_kernels.sh [KERNEL_DIR [ARGS...]]
 #include "prefill_attention.cuh"
 #include <algorithm>
 #include <cstdlib>
@@ -77,30 +83,64 @@ void Run(int batch, int seq, bool causal, bool sm90, int bs = 0) {
   cudaFree(table); cudaFree(lens); cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(out); cudaFree(lse); cudaFree(cu); cudaFree(ws); cudaFree(err);
 }
 
+struct Row {
+  int head_dim, batch, seq, block_size;
+  bool causal;
+};
+
+// HEAD_DIM:causal|full:BATCHxSEQ[:BLOCK_SIZE]; false unless the whole string is one.
+bool ParseRow(const std::string& text, Row* row) {
+  char mask[8] = {};
+  int used = 0;
+  row->block_size = 0;
+  const int got = sscanf(text.c_str(), "%d:%7[a-z]:%dx%d%n:%d%n", &row->head_dim, mask, &row->batch, &row->seq, &used,
+                         &row->block_size, &used);
+  row->causal = std::string(mask) == "causal";
+  return got >= 4 && used == (int)text.size() && (row->causal || std::string(mask) == "full") &&
+         (row->head_dim == 64 || row->head_dim == 128 || row->head_dim == 256) && row->batch > 0 && row->seq > 0 &&
+         row->block_size >= 0;
+}
+
 int main(int argc, char** argv) {
-  bool mma = false, pages = false;
-  for (int i = 1; i < argc; ++i) (std::string(argv[i]) == "pages" ? pages : mma) = true;
-  if (pages) {  // paged at every page size: 1 and 8 copy by cp.async, 16 and up by TMA boxes
-    for (int bs : {1, 8, 16, 32, 64, 128, 256}) {
-      Run<128>(2, 16384, false, !mma, bs);
-      Run<128>(8, 4096, true, !mma, bs);
+  bool mma = false, list = false;
+  std::vector<Row> rows;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    Row row;
+    if (arg == "mma") {
+      mma = true;
+    } else if (arg == "--list") {
+      list = true;
+    } else if (arg == "pages") {  // 1 and 8 copy by cp.async, 32 and up by TMA boxes
+      for (int bs : {1, 8, 16, 32, 64, 128, 256}) rows.insert(rows.end(), {{128, 2, 16384, bs, false}, {128, 8, 4096, bs, true}});
+      for (int bs : {1, 16, 64}) {
+        rows.insert(rows.end(), {{64, 8, 4096, bs, false}, {64, 2, 16384, bs, true}, {256, 8, 4096, bs, false},
+                                 {256, 2, 16384, bs, true}});
+      }
+    } else if (ParseRow(arg, &row)) {
+      rows.push_back(row);
+    } else {
+      fprintf(stderr, "prefill_kernels: expected mma, pages, --list or HEAD_DIM:causal|full:BATCHxSEQ[:BLOCK_SIZE] "
+                      "(head_dim 64, 128 or 256), got '%s'\n", argv[i]);
+      return 2;
     }
-    for (int bs : {1, 16, 64}) {
-      Run<64>(8, 4096, false, !mma, bs);
-      Run<64>(2, 16384, true, !mma, bs);
-      Run<256>(8, 4096, false, !mma, bs);
-      Run<256>(2, 16384, true, !mma, bs);
-    }
-    return 0;
   }
-  Run<128>(2, 16384, false, !mma);
-  Run<128>(8, 4096, true, !mma);
-  Run<128>(2, 16384, true, !mma);
-  Run<64>(8, 4096, false, !mma);
-  Run<64>(2, 16384, true, !mma);
-  for (int bs : {16, 64}) {
-    Run<128>(2, 16384, false, !mma, bs);
-    Run<128>(8, 4096, true, !mma, bs);
+  if (rows.empty()) {
+    rows = {{128, 2, 16384, 0, false}, {128, 8, 4096, 0, true}, {128, 2, 16384, 0, true}, {64, 8, 4096, 0, false},
+            {64, 2, 16384, 0, true}, {128, 2, 16384, 16, false}, {128, 8, 4096, 16, true}, {128, 2, 16384, 64, false},
+            {128, 8, 4096, 64, true}};
+  }
+  for (const Row& r : rows) {
+    if (list) {
+      printf("D=%d %s %dx%d %s bs=%d\n", r.head_dim, r.causal ? "causal" : "full", r.batch, r.seq, mma ? "mma" : "sm90",
+             r.block_size);
+    } else if (r.head_dim == 64) {
+      Run<64>(r.batch, r.seq, r.causal, !mma, r.block_size);
+    } else if (r.head_dim == 128) {
+      Run<128>(r.batch, r.seq, r.causal, !mma, r.block_size);
+    } else {
+      Run<256>(r.batch, r.seq, r.causal, !mma, r.block_size);
+    }
   }
   return 0;
 }
