@@ -782,7 +782,197 @@ __device__ __forceinline__ void TopPThenSample(const Slice<T, Source>& s, uint32
       out, ss, par.sample);
 }
 
+// ----------------------------------------------------------------------------- streamed candidates
+// With about two long rows per SM, splitting rows over clusters gains nothing (the grid fills the
+// GPU anyway), and each row's chain of cluster barriers left its SM's loads idle. There one block
+// takes a row and reads it once, keeping only the candidates: elements at or above a rising
+// lower bound of the k-th largest (first the k-th largest of the first chunk's thread maxima,
+// then the k-th largest of the kept candidates whenever they fill half the buffer). Candidates
+// are kept in no order and sorted by index at the end, so that the sample walks them in index
+// order as every other plan does: the same token. Rows without top-k search the row in global
+// memory, several passes, which is why the plan waits for two rows per SM (StreamRows).
+
+inline constexpr int kStreamCapacity = 2 * kMaxSurvivors;  // a compaction keeps at most half
+inline constexpr int kStreamLoads = 4;                     // 16-byte loads a thread has in flight
+inline constexpr unsigned kStreamThreads = 512;            // two blocks an SM (64 registers)
+
+/*!
+ * \brief Whether top_k_top_p reads each row once in one block (StreamTopK). Measured on an H200
+ *        (RESULTS.md, "top_k_top_p: one block a row"): at 256 and 512 rows of more than 96 KiB,
+ *        rows with top-k 1.14-1.79x faster, rows without 0.93-1.04x; at 132-200 rows those lost
+ *        up to 37%, and rows of 64 KiB (bfloat16 x 32000) lost with top-k too.
+ */
+inline bool StreamRows(int64_t rows, int64_t vocab, int64_t elem_bytes, int sms) {
+  return 4 * rows >= 7 * int64_t{sms} && vocab * elem_bytes > 96 * 1024 && vocab <= UINT32_MAX;
+}
+
+struct StreamScratch {
+  float values[kStreamCapacity];
+  uint32_t index[kStreamCapacity];
+  uint32_t count;  // candidates offered since the last compaction (may pass the capacity)
+};
+
+/*! \brief A warp's appends to a candidate buffer: one shared atomic per warp and call. */
+struct CandidateBuffer {
+  float* values;
+  uint32_t* index;
+  uint32_t* count;
+  uint32_t capacity;
+  uint32_t high = 0;  // the largest count this thread's warp has seen its appends reach
+
+  // Appends (x, i) where keep is set; false where the buffer was full (the caller keeps the
+  // element for later). Every lane of the warp must call.
+  __device__ __forceinline__ bool append(bool keep, float x, uint32_t i) {
+    const unsigned lane = threadIdx.x % kWarpThreads;
+    const unsigned mask = __ballot_sync(kFullMask, keep);
+    if (mask == 0) return true;
+    uint32_t base = 0;
+    if (lane == 0) base = atomicAdd(count, static_cast<uint32_t>(__popc(mask)));
+    base = __shfl_sync(kFullMask, base, 0);
+    high = max(high, base + static_cast<uint32_t>(__popc(mask)));
+    if (!keep) return true;
+    const uint32_t pos = base + __popc(mask & ((1u << lane) - 1u));
+    if (pos >= capacity) return false;
+    values[pos] = x;
+    index[pos] = i;
+    return true;
+  }
+};
+
+// Key(x) >= key, by a float compare where x is not NaN (NaN keys: see Key).
+__device__ __forceinline__ bool AtOrAbove(float x, float key_value, uint32_t key) {
+  return x >= key_value || (x != x && Key(x) >= key);
+}
+
+/*!
+ * \brief Raises *bound to the k-th largest key of the block's candidates and drops those below
+ *        it (through sv, which holds kStreamCapacity / 2). Returns false when more remain (ties
+ *        at the k-th largest, or k too large): the caller then searches the whole row. Called
+ *        after a barrier that follows the last append; block-uniform.
+ */
 template <typename T>
+__device__ bool CompactCandidates(int64_t k, uint32_t* bound, StreamScratch& st, SurvivorScratch& sv,
+                                  RadixScratch& rs, unsigned& parity) {
+  const uint32_t n = min(st.count, static_cast<uint32_t>(kStreamCapacity));
+  const Slice<float, T> all{st.values, 0, static_cast<int64_t>(n), st.index};
+  const auto unused = [](float) { return 0u; };
+  *bound = max(*bound, RadixSelect<false, false>(all, *bound, CountNeed{k}, unused, rs, parity).threshold);
+  const float bound_value = KeyThresholdValue(*bound);
+  if (threadIdx.x == 0) sv.counts[0] = 0;
+  __syncthreads();
+  CandidateBuffer kept{sv.values, sv.index, &sv.counts[0], kMaxSurvivors};
+  for (uint32_t base = 0; base < n; base += blockDim.x) {  // warp-uniform trip count
+    const uint32_t i = base + threadIdx.x;
+    const float x = i < n ? st.values[i] : 0.0f;
+    kept.append(i < n && AtOrAbove(x, bound_value, *bound), x, i < n ? st.index[i] : 0u);
+  }
+  __syncthreads();
+  const uint32_t m = sv.counts[0];
+  if (m > kMaxSurvivors) return false;
+  for (uint32_t i = threadIdx.x; i < m; i += blockDim.x) {
+    st.values[i] = sv.values[i];
+    st.index[i] = sv.index[i];
+  }
+  if (threadIdx.x == 0) st.count = m;  // every thread read st.count before the barrier above
+  __syncthreads();
+  return true;
+}
+
+/*!
+ * \brief One block's top-k over a whole row read once (`row` 16-byte aligned, 0 < k < vocab <=
+ *        UINT32_MAX): *row_max gets the row's max (NaN ignored), *threshold a key such that
+ *        keys >= it are the top-k set (ties kept), and *out views that set in index order (in
+ *        sv). Returns false, the same in every thread, when the candidates do not fit (ties, or
+ *        k near kMaxSurvivors); the caller then searches the row another way.
+ */
+template <typename T>
+__device__ bool StreamTopK(const T* row, int64_t vocab, int64_t k, StreamScratch& st, SurvivorScratch& sv,
+                           RadixScratch& rs, unsigned& parity, float* row_max, uint32_t* threshold,
+                           Slice<float, T>* out) {
+  constexpr int kVec = device::kVecSize<T>;
+  constexpr int kElems = kStreamLoads * kVec;  // a thread's elements per chunk: one bit each
+  static_assert(kElems <= 32, "a chunk's elements as the bits of a uint32");
+  using Vec = AlignedVector<T, kVec>;
+  const int64_t num_vecs = vocab / kVec, chunk = int64_t{kStreamLoads} * blockDim.x;
+  if (threadIdx.x == 0) st.count = 0;
+  __syncthreads();
+  CandidateBuffer buf{st.values, st.index, &st.count, kStreamCapacity};
+  float thread_max = -INFINITY;
+  uint32_t bound = 0;  // candidates: Key >= bound (0: every element)
+  // Offers the elements of `offer` (bit e: element(e)) at or above the bound. One barrier when
+  // all fit and the buffer stays at most half full; otherwise compactions (raising the bound),
+  // and the elements the full buffer refused are offered again. Block-uniform.
+  auto offer_all = [&]<int kN>(auto&& element, uint32_t offer) {
+    for (;;) {
+      const float bound_value = KeyThresholdValue(bound);
+      uint32_t left = 0;
+#pragma unroll
+      for (int e = 0; e < kN; ++e) {
+        float x;
+        uint32_t i;
+        element(e, &x, &i);
+        if (!buf.append((offer >> e & 1u) && AtOrAbove(x, bound_value, bound), x, i)) left |= 1u << e;
+      }
+      // The largest count a warp saw is the count: the barrier's OR tells every thread alike.
+      if (!__syncthreads_or(left != 0 || buf.high > kStreamCapacity / 2)) return true;
+      if (!CompactCandidates<T>(k, &bound, st, sv, rs, parity)) return false;
+      buf.high = 0;
+      offer = left;
+    }
+  };
+  for (int64_t c0 = 0; c0 < num_vecs; c0 += chunk) {
+    Vec in[kStreamLoads];
+    uint32_t valid = 0;
+#pragma unroll
+    for (int j = 0; j < kStreamLoads; ++j) {
+      const int64_t v = c0 + j * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      if (v < num_vecs) {
+        in[j].load(row, v);
+        valid |= ((1u << kVec) - 1u) << (j * kVec);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) {
+      if (valid >> e & 1u) thread_max = fmaxf(thread_max, device::to_float(in[e / kVec][e % kVec]));
+    }
+    // The first bound: the k-th largest of the first chunk's thread maxima, each an element.
+    if (c0 == 0) bound = KthLargestThreadMax(thread_max, k, rs);
+    auto element = [&](int e, float* x, uint32_t* i) {
+      const int j = e / kVec;
+      *x = device::to_float(in[j][e % kVec]);
+      *i = static_cast<uint32_t>((c0 + j * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kVec + e % kVec);
+    };
+    if (!offer_all.template operator()<kElems>(element, valid)) return false;
+  }
+  // The last vocab % kVec elements, one a thread.
+  if (num_vecs * kVec < vocab) {
+    const int64_t tail = num_vecs * kVec + threadIdx.x;
+    const float tail_x = tail < vocab ? device::to_float(row[tail]) : -INFINITY;
+    thread_max = fmaxf(thread_max, tail_x);
+    auto element = [&](int, float* x, uint32_t* i) {
+      *x = tail_x;
+      *i = static_cast<uint32_t>(tail);
+    };
+    if (!offer_all.template operator()<1>(element, tail < vocab ? 1u : 0u)) return false;
+  }
+  *row_max = device::block_reduce_max(thread_max);
+  // The top-k set among the candidates (every offer ended at a barrier), ranked by index.
+  if (!CompactCandidates<T>(k, &bound, st, sv, rs, parity)) return false;
+  const uint32_t n = st.count;
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const uint32_t mine = st.index[i];
+    uint32_t rank = 0;
+    for (uint32_t j = 0; j < n; ++j) rank += st.index[j] < mine;
+    sv.values[rank] = st.values[i];
+    sv.index[rank] = mine;
+  }
+  __syncthreads();
+  *threshold = bound;
+  *out = {sv.values, 0, static_cast<int64_t>(n), sv.index};
+  return true;
+}
+
+template <typename T, bool kStream>
 __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at most 64 registers
     TopKTopPKernel(int64_t* __restrict__ out, const T* __restrict__ logits, int64_t vocab,
                    int64_t stride, int64_t slice_len, bool in_smem,
@@ -796,14 +986,31 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
   Parities par;
   device::pdl_wait_primary();
   const int64_t b = blockIdx.x / device::cluster_size();
-  float thread_max;
-  const Slice<T> s = LoadSlice(logits + b * stride, vocab, slice_len,
-                               reinterpret_cast<T*>(slice_smem), in_smem, &thread_max);
+  const T* row = logits + b * stride;
   // Invalid per-row values are clamped here (the host cannot check device data without a sync).
   const int64_t k = top_k[b];
   const float p = fminf(fmaxf(top_p[b], 0.0f), 1.0f);
   const float u = fminf(fmaxf(uniforms[b], 0.0f), 0x1.fffffep-1f);
   const bool top_k_on = k > 0 && k < vocab;
+  if constexpr (kStream) {
+    // One block a row, read once. Rows without top-k, unaligned rows and rows whose candidates
+    // do not fit take the search below, over the row in global memory (slice_len = vocab).
+    __shared__ StreamScratch st;
+    if (top_k_on && vocab <= UINT32_MAX && device::is_aligned<16>(row)) {
+      float row_max;
+      uint32_t threshold;
+      Slice<float, T> top;
+      if (StreamTopK(row, vocab, k, st, sv, rs, par.radix, &row_max, &threshold, &top)) {
+        TopPThenSample<false>(top, threshold, p, u, [row_max](float v) { return ExpWeight(v, row_max); }, cs, rs,
+                              ss, par, out + b);
+        device::pdl_launch_dependents();
+        return;
+      }
+      __syncthreads();  // the search below reuses the scratch
+    }
+  }
+  float thread_max;
+  const Slice<T> s = LoadSlice(row, vocab, slice_len, reinterpret_cast<T*>(slice_smem), in_smem, &thread_max);
 
   // The row max and the floor of the top-k set (0: none) in one cluster reduction.
   const uint32_t bound = top_k_on ? KthLargestThreadMax(thread_max, k, rs) : 0u;
@@ -820,7 +1027,7 @@ __global__ void __launch_bounds__(1024, 1)  // blocks of up to 1024 threads: at 
       in_smem && vocab <= UINT32_MAX ? SliceSmemBytes<T>(slice_len, kMinGatherBytes) / 8 : 0;
   float* gathered_values = reinterpret_cast<float*>(slice_smem);
   Slice<float, T> candidates;
-  if (floor != 0 && GatherCandidates(s, floor, slice_len, capacity, sv, gathered_values,
+  if (!kStream && floor != 0 && GatherCandidates(s, floor, slice_len, capacity, sv, gathered_values,
                                      reinterpret_cast<uint32_t*>(gathered_values + capacity), &candidates)) {
     if (device::cluster_rank() == 0) {
       device::cluster_wait();  // every block's candidates have landed here
@@ -1047,11 +1254,20 @@ inline void top_k_top_p_sample(tvm::ffi::TensorView out, tvm::ffi::TensorView lo
   const auto a =
       mllm_kernel::sampling::VerifyTopKTopPSample<kDLCUDA>(out, logits, uniforms, top_k, top_p);
   host::DispatchFloat<kDLCUDA>(a.dtype, [&]<typename T>() {
-    constexpr auto kernel = sampling_detail::TopKTopPKernel<T>;
-    const auto plan = sampling_detail::PlanRows<kernel>(a, sizeof(T), true);
-    sampling_detail::LaunchRows<kernel, sampling_detail::kMinGatherBytes>(
-        a, plan, data_ptr<int64_t>(out), data_ptr<const T>(logits), plan.fits, data_ptr<const float>(uniforms),
-        data_ptr<const int64_t>(top_k), data_ptr<const float>(top_p));
+    using namespace sampling_detail;
+    const auto* params = data_ptr<const float>(uniforms);
+    // One block a row, each read once (StreamTopK; slice_len = vocab).
+    if (StreamRows(a.batch, a.vocab, sizeof(T), host::MultiProcessorCount(a.device.device_id))) {
+      constexpr auto kernel = TopKTopPKernel<T, true>;
+      host::LaunchKernel(dim3(static_cast<unsigned>(a.batch)), dim3(kStreamThreads), a.device)
+          .enable_pdl(true)(kernel, data_ptr<int64_t>(out), data_ptr<const T>(logits), a.vocab, a.stride, a.vocab,
+                            false, params, data_ptr<const int64_t>(top_k), data_ptr<const float>(top_p));
+    } else {
+      constexpr auto kernel = TopKTopPKernel<T, false>;
+      const auto plan = PlanRows<kernel>(a, sizeof(T), true);
+      LaunchRows<kernel, kMinGatherBytes>(a, plan, data_ptr<int64_t>(out), data_ptr<const T>(logits), plan.fits,
+                                          params, data_ptr<const int64_t>(top_k), data_ptr<const float>(top_p));
+    }
   });
 }
 

@@ -650,9 +650,55 @@ def test_top_k_candidates_and_their_fallbacks(dtype):
     assert (margins > BOUNDARY).all()
     assert torch.equal(out, ref), (out, ref)
     assert_cuda_plans_agree(x, u, k, p, ref, 64)
+    assert_cuda_plans_agree(x, u, k, p, ref, rows_per_block_batch())
     # The top-k filters on the same rows (they search the whole slice; see TUNING.md).
     check_filter("top_k_mask_logits", "cuda", x, k)
     check_filter("top_k_renorm_probs", "cuda", torch.softmax(x.double(), -1).to(dtype), k)
+
+
+def rows_per_block_batch() -> int:
+    """A batch of two rows per SM: top_k_top_p then reads each row of more than 96 KiB once, in
+    one block (StreamRows in sampling.cuh)."""
+    return 2 * torch.cuda.get_device_properties(0).multi_processor_count
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", (100_003, 65_541))  # rows of more than 96 KiB, with a tail
+def test_top_k_rows_read_once(dtype, vocab):
+    # With two rows per SM, one block reads a row once and keeps the elements at or above a
+    # rising bound of the k-th largest in a buffer of 2048, compacting it to the top k when half
+    # full. Rows that refill it at every chunk (ascending), that have nothing after the first
+    # chunk (descending), k at the compaction's limit (1024 kept) and past it, more ties at the
+    # k-th largest than a compaction keeps, and a NaN must give the reference token; so must
+    # the same rows unaligned (the search over global memory).
+    x = make_logits(8, vocab, torch.float32, seed=vocab, scale=3.0)
+    x[0] = torch.linspace(-5.0, 5.0, vocab)     # ascending
+    x[1] = torch.linspace(5.0, -5.0, vocab)     # descending
+    x[4] /= 3.0
+    x[4, 7:1500] = 8.0                          # 1493 ties at the k-th largest
+    x[5, vocab // 3] = float("nan")             # kept by every plan: above every key
+    x = x.to(dtype)
+    k = torch.tensor([50, 50, 1024, 1025, 100, 50, 1000, 1], dtype=torch.int64)
+    u = safe_uniforms(8, seed=vocab + 1)
+    p = torch.ones(8, dtype=torch.float32)
+    for b, rank in ((0, 20), (2, 300), (6, 500)):
+        p[b] = top_p_between_tokens(x[b], int(k[b]), rank)
+    plain = [b for b in range(8) if b != 5]  # the reference has no NaN rule: row 5 checked against the plans
+    ref, margins = ref_top_k_top_p_off_boundaries(x, u, k, p, plain)
+    assert (margins > BOUNDARY).all()
+    alone = torch.cat([top_k_top_p_sample_from_uniforms(x[b:b + 1].cuda(), u[b:b + 1].cuda(), k[b:b + 1].cuda(),
+                                                        p[b:b + 1].cuda()).cpu() for b in range(8)])
+    assert torch.equal(alone[plain], ref), (alone, ref)
+    batch = rows_per_block_batch()
+    rep = torch.arange(batch) % 8
+    many = top_k_top_p_sample_from_uniforms(x[rep].cuda(), u[rep].cuda(), k[rep].cuda(), p[rep].cuda()).cpu()
+    assert torch.equal(many, alone[rep]), (many, alone[rep])
+    base = torch.empty(batch * (vocab + 1) + 1, dtype=dtype, device="cuda")
+    unaligned = base[1:].view(batch, vocab + 1)[:, :vocab]  # rows off 16-byte alignment
+    unaligned.copy_(x[rep])
+    out = top_k_top_p_sample_from_uniforms(unaligned, u[rep].cuda(), k[rep].cuda(), p[rep].cuda()).cpu()
+    assert torch.equal(out, alone[rep])
 
 
 @requires_cuda
