@@ -793,7 +793,9 @@ __device__ __forceinline__ void TopPThenSample(const Slice<T, Source>& s, uint32
 // memory, several passes, which is why the plan waits for two rows per SM (StreamRows).
 
 inline constexpr int kStreamCapacity = 2 * kMaxSurvivors;  // a compaction keeps at most half
-inline constexpr int kStreamLoads = 4;                     // 16-byte loads a thread has in flight
+// 16-byte loads a thread has in flight: 16 elements a chunk (with 32, 16-bit types spilled).
+template <typename T>
+inline constexpr int kStreamLoads = 16 / device::kVecSize<T>;
 inline constexpr unsigned kStreamThreads = 512;            // two blocks an SM (64 registers)
 
 /*!
@@ -890,24 +892,27 @@ __device__ bool StreamTopK(const T* row, int64_t vocab, int64_t k, StreamScratch
                            RadixScratch& rs, unsigned& parity, float* row_max, uint32_t* threshold,
                            Slice<float, T>* out) {
   constexpr int kVec = device::kVecSize<T>;
-  constexpr int kElems = kStreamLoads * kVec;  // a thread's elements per chunk: one bit each
+  constexpr int kLoads = kStreamLoads<T>, kElems = kLoads * kVec;  // a thread's elements per chunk: one bit each
   static_assert(kElems <= 32, "a chunk's elements as the bits of a uint32");
   using Vec = AlignedVector<T, kVec>;
-  const int64_t num_vecs = vocab / kVec, chunk = int64_t{kStreamLoads} * blockDim.x;
+  const int64_t num_vecs = vocab / kVec, chunk = int64_t{kLoads} * blockDim.x;
   if (threadIdx.x == 0) st.count = 0;
   __syncthreads();
   CandidateBuffer buf{st.values, st.index, &st.count, kStreamCapacity};
   float thread_max = -INFINITY;
   uint32_t bound = 0;  // candidates: Key >= bound (0: every element)
-  // Offers the elements of `offer` (bit e: element(e)) at or above the bound. One barrier when
-  // all fit and the buffer stays at most half full; otherwise compactions (raising the bound),
-  // and the elements the full buffer refused are offered again. Block-uniform.
+  // Offers the elements of `offer` (bit e: element(e); a superset of those at or above the
+  // bound, which it tests) to the buffer. One barrier when all fit and the buffer stays at most
+  // half full; otherwise compactions (raising the bound), and the elements the full buffer
+  // refused are offered again. Block-uniform.
   auto offer_all = [&]<int kN>(auto&& element, uint32_t offer) {
     for (;;) {
       const float bound_value = KeyThresholdValue(bound);
       uint32_t left = 0;
 #pragma unroll
       for (int e = 0; e < kN; ++e) {
+        // Most steps hold no candidate in any lane: a vote skips them.
+        if (!__any_sync(kFullMask, offer >> e & 1u)) continue;
         float x;
         uint32_t i;
         element(e, &x, &i);
@@ -921,28 +926,39 @@ __device__ bool StreamTopK(const T* row, int64_t vocab, int64_t k, StreamScratch
     }
   };
   for (int64_t c0 = 0; c0 < num_vecs; c0 += chunk) {
-    Vec in[kStreamLoads];
-    uint32_t valid = 0;
+    Vec in[kLoads];
+    const int64_t v0 = c0 + threadIdx.x;  // vector j of this thread: v0 + j * blockDim.x
 #pragma unroll
-    for (int j = 0; j < kStreamLoads; ++j) {
-      const int64_t v = c0 + j * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-      if (v < num_vecs) {
-        in[j].load(row, v);
-        valid |= ((1u << kVec) - 1u) << (j * kVec);
-      }
+    for (int j = 0; j < kLoads; ++j) {
+      if (v0 + j * blockDim.x < num_vecs) in[j].load(row, v0 + j * blockDim.x);
     }
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) {
-      if (valid >> e & 1u) thread_max = fmaxf(thread_max, device::to_float(in[e / kVec][e % kVec]));
+    for (int j = 0; j < kLoads; ++j) {
+      if (v0 + j * blockDim.x >= num_vecs) break;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) thread_max = fmaxf(thread_max, device::to_float(in[j][e]));
     }
     // The first bound: the k-th largest of the first chunk's thread maxima, each an element.
     if (c0 == 0) bound = KthLargestThreadMax(thread_max, k, rs);
+    // The chunk's elements at or above the bound by a float compare (NaN too: offer_all tests
+    // its key).
+    const float bound_value = KeyThresholdValue(bound);
+    uint32_t hits = 0;
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      if (v0 + j * blockDim.x >= num_vecs) break;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float x = device::to_float(in[j][e]);
+        hits |= static_cast<uint32_t>(x >= bound_value || x != x) << (j * kVec + e);
+      }
+    }
     auto element = [&](int e, float* x, uint32_t* i) {
       const int j = e / kVec;
       *x = device::to_float(in[j][e % kVec]);
-      *i = static_cast<uint32_t>((c0 + j * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kVec + e % kVec);
+      *i = static_cast<uint32_t>((v0 + j * blockDim.x) * kVec + e % kVec);
     };
-    if (!offer_all.template operator()<kElems>(element, valid)) return false;
+    if (!offer_all.template operator()<kElems>(element, hits)) return false;
   }
   // The last vocab % kVec elements, one a thread.
   if (num_vecs * kVec < vocab) {
