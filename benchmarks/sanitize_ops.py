@@ -57,6 +57,15 @@ def run_all():
             mk.min_p_sample(torch.softmax(logits.float(), -1).to(dtype), 0.1, generator=g)
         # Top-k candidates that do not fit one block (ties everywhere) take the full search.
         mk.top_k_top_p_sample(torch.full((2, 151936), 0.5, device="cuda", dtype=dtype), 50, 0.9, generator=g)
+        # Two rows per SM of more than 96 KiB: one block reads each row once (StreamTopK). An
+        # ascending row refills its candidate buffer at every chunk; k = 1025 overflows it, and
+        # unaligned rows and rows without top-k search the row in global memory.
+        rows = torch.randn(2 * torch.cuda.get_device_properties(0).multi_processor_count, 65541, device="cuda",
+                           dtype=dtype, generator=g)
+        rows[0] = torch.linspace(-5.0, 5.0, rows.shape[1], device="cuda")
+        top_k = torch.tensor([50, 1025, 0, 7], device="cuda").repeat(rows.shape[0] // 4 + 1)[: rows.shape[0]]
+        mk.top_k_top_p_sample(rows, top_k, 0.9, generator=g)
+        mk.top_k_top_p_sample(unaligned(tuple(rows.shape), dtype), 50, 0.9, generator=g)
         yield f"sampling {dtype}"
         tokens, heads, kv_heads, head_dim = 7, 8, 2, 80
         qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device="cuda", dtype=dtype)

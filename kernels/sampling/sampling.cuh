@@ -16,7 +16,9 @@
  *    row's few elements above it and runs both searches and the sample alone, while the other
  *    blocks leave. Otherwise (no top-k, or too many candidates: ties) bins are summed over the
  *    cluster through distributed shared memory, and after top-k each block compacts its
- *    survivors, which top-p and the sample walk instead of the slice.
+ *    survivors, which top-p and the sample walk instead of the slice. From about two long rows
+ *    per SM (StreamRows) top_k_top_p instead gives each row one block that reads it once and
+ *    keeps only the elements above a rising bound of the k-th largest (StreamTopK).
  *  - min-p: the max, then the threshold is known.
  *  - filters (top_k_mask_logits, top_k_renorm_probs, top_p_renorm_probs): the same selections,
  *    then each block writes its slice of the output row.
@@ -800,9 +802,10 @@ inline constexpr unsigned kStreamThreads = 512;            // two blocks an SM (
 
 /*!
  * \brief Whether top_k_top_p reads each row once in one block (StreamTopK). Measured on an H200
- *        (RESULTS.md, "top_k_top_p: one block a row"): at 256 and 512 rows of more than 96 KiB,
- *        rows with top-k 1.14-1.79x faster, rows without 0.93-1.04x; at 132-200 rows those lost
- *        up to 37%, and rows of 64 KiB (bfloat16 x 32000) lost with top-k too.
+ *        (RESULTS.md, "top_k_top_p: one block a row, read once"): at 256 and 512 rows of more
+ *        than 96 KiB, rows with top-k ran 1.22-1.95x faster and rows without 0.94-1.05x; at 232
+ *        rows those without ran 0.88-1.00x, at 132-200 rows down to 0.63x; rows of 64 KiB
+ *        (bfloat16 x 32000) lost with top-k too (0.87-0.89x at 256-512 rows).
  */
 inline bool StreamRows(int64_t rows, int64_t vocab, int64_t elem_bytes, int sms) {
   return 4 * rows >= 7 * int64_t{sms} && vocab * elem_bytes > 96 * 1024 && vocab <= UINT32_MAX;
